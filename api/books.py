@@ -1,0 +1,116 @@
+"""The API's window on billing: each call is one short transaction, run in a worker thread so
+the event loop never waits on the database, and never held open across generation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TypeVar
+
+from anyio import to_thread
+from sqlalchemy import Engine, text
+from sqlmodel import Session
+
+from billing import idempotency, keys, ledger
+from billing.db import reading, session_scope
+from billing.errors import InvalidKey
+from billing.idempotency import StoredAnswer
+from billing.keys import KeyIdentity
+from billing.ledger import Balance
+from billing.models import Hold
+
+T = TypeVar("T")
+
+
+@dataclass
+class Books:
+    db: Engine
+    hold_ttl: timedelta
+    key_cache_seconds: float
+    _key_cache: dict[str, tuple[float, KeyIdentity]] = field(default_factory=dict)
+
+    async def _run(self, work: Callable[[Session], T], *, write: bool = True) -> T:
+        def transaction() -> T:
+            with session_scope(self.db if write else reading(self.db)) as session:
+                return work(session)
+
+        return await to_thread.run_sync(transaction)
+
+    async def authenticate(self, key: str) -> KeyIdentity:
+        """A live key's owner. Answers are cached briefly, so a revoked key stops working within
+        `key_cache_seconds` on every process, without a database read per request."""
+        if not keys.is_well_formed(key):
+            raise InvalidKey()  # no database read for a malformed key
+        digest = keys.hash_key(key)
+        cached = self._key_cache.get(digest)
+        if cached and cached[0] > time.monotonic():
+            return cached[1]
+        identity = await self._run(lambda s: keys.authenticate(session=s, key=key), write=False)
+        self._key_cache[digest] = (time.monotonic() + self.key_cache_seconds, identity)
+        return identity
+
+    async def hold(
+        self, *, account_id: int, request_id: str, min_cost: int, max_cost: int, model: str
+    ) -> Hold:
+        return await self._run(
+            lambda s: ledger.hold(
+                session=s,
+                account_id=account_id,
+                request_id=request_id,
+                min_tokens=min_cost,
+                max_tokens=max_cost,
+                ttl=self.hold_ttl,
+                model=model,
+            )
+        )
+
+    async def checkpoint(self, hold_id: str, used: int) -> None:
+        await self._run(
+            lambda s: ledger.checkpoint(session=s, hold_id=hold_id, used=used, ttl=self.hold_ttl)
+        )
+
+    async def settle(
+        self, hold_id: str, *, cost: int, prompt_tokens: int, completion_tokens: int
+    ) -> None:
+        await self._run(
+            lambda s: ledger.settle(
+                session=s,
+                hold_id=hold_id,
+                cost=cost,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+        )
+
+    async def release(self, hold_id: str) -> None:
+        await self._run(lambda s: ledger.release(session=s, hold_id=hold_id))
+
+    async def sweep(self) -> int:
+        return await self._run(lambda s: ledger.release_stale_holds(session=s))
+
+    async def balance(self, account_id: int) -> Balance:
+        return await self._run(
+            lambda s: ledger.get_balance(session=s, account_id=account_id), write=False
+        )
+
+    async def claim_idempotency(
+        self, account_id: int, key: str, digest: str
+    ) -> StoredAnswer | None:
+        return await self._run(
+            lambda s: idempotency.claim(session=s, account_id=account_id, key=key, digest=digest)
+        )
+
+    async def store_idempotency(self, account_id: int, key: str, status: int, body: str) -> None:
+        await self._run(
+            lambda s: idempotency.store(
+                session=s, account_id=account_id, key=key, status_code=status, body=body
+            )
+        )
+
+    async def give_up_idempotency(self, account_id: int, key: str) -> None:
+        await self._run(lambda s: idempotency.give_up(session=s, account_id=account_id, key=key))
+
+    async def ping(self) -> None:
+        await self._run(lambda s: s.execute(text("SELECT 1")), write=False)

@@ -1,0 +1,57 @@
+"""FastAPI dependencies as `Annotated` aliases; tests swap them with `app.dependency_overrides`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.books import Books
+from api.errors import missing_key
+from api.services import Services
+from api.serving.chat import ChatService
+
+_bearer = HTTPBearer(auto_error=False, description="Your Tokenshop API key (sk-tks-...)")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The account behind the request's key; the key itself, for its masked form only."""
+
+    account_id: int
+    key: str
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_books(services: ServicesDep) -> Books:
+    return services.books
+
+
+def get_chat(services: ServicesDep) -> ChatService:
+    return services.chat
+
+
+BooksDep = Annotated[Books, Depends(get_books)]
+ChatDep = Annotated[ChatService, Depends(get_chat)]
+
+
+async def require_key(
+    books: BooksDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    if credentials is None or not credentials.credentials:
+        raise missing_key()
+    key = credentials.credentials.strip()
+    identity = await books.authenticate(key)
+    return Caller(account_id=identity.account_id, key=key)
+
+
+KeyDep = Annotated[Caller, Depends(require_key)]

@@ -1,0 +1,36 @@
+"""Errors the engine raises; the API maps each to an OpenAI error once, in `api/errors.py`.
+
+EngineError
+├── ModelLoadError          an export dir is missing a file or has an unusable graph
+├── ContextLengthExceeded   the prompt alone does not fit the model's context window
+├── EngineOverloaded        the queue of waiting requests is full
+└── EngineDead              the scheduler thread has stopped
+"""
+
+
+class EngineError(Exception):
+    """Base of every engine error."""
+
+
+class ModelLoadError(EngineError):
+    """Raised when an export dir cannot be served; the message names the file and what is wrong."""
+
+
+class ContextLengthExceeded(EngineError):
+    """Raised when prompt tokens alone reach the context window."""
+
+    def __init__(self, prompt_tokens: int, context_length: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {context_length} tokens, "
+            f"but the prompt has {prompt_tokens} tokens."
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+
+
+class EngineOverloaded(EngineError):
+    """Raised when `max_queued` requests are already waiting."""
+
+
+class EngineDead(EngineError):
+    """Raised when the scheduler thread has stopped and the model cannot serve."""

@@ -1,0 +1,194 @@
+"""Load an Optimum ONNX export dir and run its decoder graph.
+
+The graph is read, not assumed: Optimum exports differ by architecture (gemma has no
+`position_ids`, gpt2 orders its inputs differently, GQA models have fewer KV heads than attention
+heads) and by dtype (fp32 / fp16). `GraphSpec` records what this export takes and returns;
+everything else in the engine works from it. A dir that cannot be served raises `ModelLoadError`
+naming the file at fault, at load time, never at the first request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from api.engine.errors import ModelLoadError
+
+MODEL_FILE = "model.onnx"
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """What one decoder graph takes and returns."""
+
+    past_names: tuple[str, ...]  # past_key_values.{i}.key|value, in layer order
+    present_names: tuple[str, ...]  # the matching outputs, same order
+    has_attention_mask: bool
+    has_position_ids: bool
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype: type[np.generic]
+    ids_dtype: type[np.generic]
+    mask_dtype: type[np.generic]
+
+
+def read_json(path: Path, *, required: bool) -> dict[str, Any]:
+    """A JSON file of the export as a dict; a missing optional file is {}."""
+    if not path.is_file():
+        if required:
+            raise ModelLoadError(f"{path}: missing; not an Optimum ONNX export dir")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data
+
+
+def _inspect(session: ort.InferenceSession, path: Path, config: dict[str, Any]) -> GraphSpec:
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    if "input_ids" not in inputs or "logits" not in outputs:
+        raise ModelLoadError(f"{path}: graph lacks `input_ids` input or `logits` output")
+    layers: dict[int, dict[str, str]] = {}
+    for name in inputs:
+        match = _PAST.match(name)
+        if match:
+            layers.setdefault(int(match.group(1)), {})[match.group(2)] = name
+    if not layers:
+        raise ModelLoadError(
+            f"{path}: graph has no past_key_values inputs; export it with "
+            "--task text-generation-with-past"
+        )
+    if sorted(layers) != list(range(len(layers))) or any(len(v) != 2 for v in layers.values()):
+        raise ModelLoadError(f"{path}: past_key_values inputs are incomplete")
+    past_names = tuple(layers[i][kind] for i in range(len(layers)) for kind in ("key", "value"))
+    present_names = tuple(n.replace("past_key_values.", "present.") for n in past_names)
+    missing = [n for n in present_names if n not in outputs]
+    if missing:
+        raise ModelLoadError(f"{path}: graph lacks outputs {missing[:2]}")
+
+    first = inputs[past_names[0]]
+    if len(first.shape) != 4:
+        raise ModelLoadError(f"{path}: unsupported KV cache layout {first.shape}")
+    kv_heads, head_dim = first.shape[1], first.shape[3]
+    if not isinstance(kv_heads, int):
+        kv_heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
+    if not isinstance(head_dim, int):
+        head_dim = int(
+            config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        )
+    try:
+        kv_dtype = _ORT_TYPES[first.type]
+        ids_dtype = _ORT_TYPES[inputs["input_ids"].type]
+        mask = inputs.get("attention_mask")
+        mask_dtype = _ORT_TYPES[mask.type] if mask is not None else np.int64
+    except KeyError as exc:
+        raise ModelLoadError(f"{path}: unsupported tensor type {exc}") from exc
+    return GraphSpec(
+        past_names=past_names,
+        present_names=present_names,
+        has_attention_mask="attention_mask" in inputs,
+        has_position_ids="position_ids" in inputs,
+        num_layers=len(layers),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        kv_dtype=kv_dtype,
+        ids_dtype=ids_dtype,
+        mask_dtype=mask_dtype,
+    )
+
+
+def context_length_of(config: dict[str, Any]) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ModelLoadError("config.json: no max_position_embeddings / n_positions")
+
+
+def eos_ids_of(generation_config: dict[str, Any], config: dict[str, Any]) -> frozenset[int]:
+    """Every EOS id of generation_config (chat models list several), else config.json's."""
+    for source in (generation_config, config):
+        value = source.get("eos_token_id")
+        if isinstance(value, int):
+            return frozenset({value})
+        if isinstance(value, list) and value:
+            return frozenset(int(v) for v in value)
+    return frozenset()
+
+
+class OnnxCausalLM:
+    """One ONNX Runtime session of a decoder-with-past graph, plus the facts read from config."""
+
+    def __init__(self, path: Path, *, threads: int | None = None) -> None:
+        self.path = path
+        model_file = path / MODEL_FILE
+        self.config = read_json(path / CONFIG_FILE, required=True)
+        self.generation_config = read_json(path / GENERATION_CONFIG_FILE, required=False)
+        if not model_file.is_file():
+            raise ModelLoadError(f"{model_file}: missing; not an Optimum ONNX export dir")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.inter_op_num_threads = 1
+        if threads:
+            options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(
+                str(model_file), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
+            raise ModelLoadError(
+                f"{model_file}: ONNX Runtime cannot load it (or its external data file "
+                f"{MODEL_FILE}_data): {exc}"
+            ) from exc
+        self.spec = _inspect(self.session, model_file, self.config)
+        self.context_length = context_length_of(self.config)
+        self.eos_token_ids = eos_ids_of(self.generation_config, self.config)
+        self._output_names = ["logits", *self.spec.present_names]
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        shape = (batch, self.spec.kv_heads, 0, self.spec.head_dim)
+        return [np.zeros(shape, self.spec.kv_dtype) for _ in self.spec.past_names]
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: list[np.ndarray],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run the graph; return the last position's logits [batch, vocab] (float32) and the
+        new KV arrays. `attention_mask` covers past + new tokens (0 marks left padding)."""
+        feed = {"input_ids": input_ids.astype(self.spec.ids_dtype, copy=False)}
+        if self.spec.has_attention_mask:
+            feed["attention_mask"] = attention_mask.astype(self.spec.mask_dtype, copy=False)
+        if self.spec.has_position_ids:
+            feed["position_ids"] = position_ids.astype(np.int64, copy=False)
+        feed.update(zip(self.spec.past_names, past, strict=True))
+        logits, *presents = self.session.run(self._output_names, feed)
+        last = logits[:, -1, :]
+        if last.dtype != np.float32:
+            last = last.astype(np.float32)
+        return last, presents

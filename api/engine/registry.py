@@ -1,0 +1,68 @@
+"""Build the served models from the `MODELS` setting.
+
+`MODELS` is a comma-separated list of export dirs; a dir's name is its model id unless the entry is
+`name=path`. Relative paths are resolved against the working directory, then the project root, so
+the default `models/demo` works from anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from api.engine.engine import LocalEngine
+from api.engine.errors import ModelLoadError
+from api.engine.protocol import EngineClient
+from api.engine.scheduler import SchedulerLimits
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits applied to every served model."""
+
+    max_active_sequences: int = 16  # sequences decoded together in one step
+    max_queued: int = 64  # waiting requests beyond that; more raise EngineOverloaded
+    threads: int | None = None  # ONNX Runtime intra-op threads (None: one per physical core)
+    max_prefill_tokens: int = 4096  # prompt tokens prefilled per scheduler iteration
+
+    @property
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(
+            max_active_sequences=self.max_active_sequences,
+            max_queued=self.max_queued,
+            max_prefill_tokens=self.max_prefill_tokens,
+        )
+
+
+def parse_models_spec(spec: str) -> list[tuple[str, Path]]:
+    """`"models/demo,big=/srv/qwen"` -> [("demo", models/demo), ("big", /srv/qwen)]."""
+    entries: list[tuple[str, Path]] = []
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, location = item.partition("=")
+        path = Path(os.path.expanduser((location if sep else name).strip()))
+        if not path.is_absolute() and not path.exists() and (PROJECT_ROOT / path).exists():
+            path = PROJECT_ROOT / path
+        model_id = name.strip() if sep else path.resolve().name
+        if not model_id:
+            raise ModelLoadError(f"MODELS entry {item!r} has no model name")
+        if any(model_id == existing for existing, _ in entries):
+            raise ModelLoadError(f"MODELS names model {model_id!r} twice")
+        entries.append((model_id, path))
+    if not entries:
+        raise ModelLoadError("MODELS is empty: name at least one export dir")
+    return entries
+
+
+def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, EngineClient]:
+    """Load every model of `spec` (not started: call `await engine.start()` in the lifespan)."""
+    config = config or EngineConfig()
+    return {
+        model_id: LocalEngine(model_id, path, limits=config.limits, threads=config.threads)
+        for model_id, path in parse_models_spec(spec)
+    }

@@ -1,0 +1,195 @@
+"""Every error the API sends, in OpenAI's shape, mapped from domain errors in one place.
+
+The SDKs decide what to do from the status code and the `x-should-retry` header: an empty
+balance says `false`, so clients do not retry in vain; overload and rate limits say when to retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.engine.chat_template import ChatTemplateError
+from api.engine.errors import (
+    ContextLengthExceeded,
+    EngineDead,
+    EngineError,
+    EngineOverloaded,
+)
+from api.protocol import ErrorBody, ErrorResponse
+from billing.errors import (
+    BillingError,
+    IdempotencyConflict,
+    IdempotencyMismatch,
+    InsufficientBalance,
+    InvalidKey,
+)
+
+logger = logging.getLogger("tokenshop.api")
+
+
+class OpenAIError(Exception):
+    """An error ready to send: status, OpenAI's body fields and extra headers."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(message=message, type=type, param=param, code=code)
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            ErrorResponse(error=self.body).model_dump(),
+            status_code=self.status,
+            headers=self.headers,
+        )
+
+    def sse_event(self) -> str:
+        return f"data: {json.dumps(ErrorResponse(error=self.body).model_dump())}\n\n"
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def unsupported_parameter(param: str, why: str) -> OpenAIError:
+    return invalid_request(
+        f"Unsupported parameter: '{param}' {why}", param, "unsupported_parameter"
+    )
+
+
+def model_not_found(model: str) -> OpenAIError:
+    return OpenAIError(
+        404,
+        f"The model '{model}' does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def rate_limited(limit: int, retry_after: int = 1) -> OpenAIError:
+    return OpenAIError(
+        429,
+        f"Too many concurrent requests for this key (limit {limit}). Retry shortly.",
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def missing_key() -> OpenAIError:
+    return OpenAIError(
+        401,
+        "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+        code="invalid_api_key",
+    )
+
+
+def internal_error() -> OpenAIError:
+    return OpenAIError(
+        500,
+        "The server had an error while processing your request. Sorry about that!",
+        type="server_error",
+        code="internal_error",
+    )
+
+
+def from_domain(exc: Exception) -> OpenAIError:
+    """The OpenAI error for a domain error; anything unknown is a 500 without internals."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, InvalidKey):
+        return OpenAIError(401, str(exc), code="invalid_api_key")
+    if isinstance(exc, InsufficientBalance):
+        return OpenAIError(
+            429,
+            f"You exceeded your current quota: this request needs at least {exc.needed} tokens "
+            f"and {exc.available} remain. Buy a token pack to continue.",
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers={"x-should-retry": "false"},
+        )
+    if isinstance(exc, IdempotencyMismatch):
+        return invalid_request(str(exc), code="idempotency_key_reused")
+    if isinstance(exc, IdempotencyConflict):
+        return OpenAIError(409, str(exc), code="idempotency_conflict")
+    if isinstance(exc, ChatTemplateError):  # the model's template refused the conversation
+        return invalid_request(str(exc), "messages", "invalid_messages")
+    if isinstance(exc, ContextLengthExceeded):
+        return invalid_request(str(exc), "messages", "context_length_exceeded")
+    if isinstance(exc, EngineOverloaded):
+        return OpenAIError(
+            503,
+            "The server is overloaded with requests. Please retry shortly.",
+            type="server_error",
+            code="overloaded",
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(exc, EngineDead):
+        return OpenAIError(503, "The model is not available right now.", type="server_error")
+    if isinstance(exc, BillingError):
+        return invalid_request(str(exc))
+    return internal_error()
+
+
+def _validation_error(exc: RequestValidationError) -> OpenAIError:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        return invalid_request("We could not parse the JSON body of your request.")
+    param = ".".join(loc) or None
+    if param is None:
+        return invalid_request("The request body must be a JSON object.")
+    message = first.get("msg", "Invalid request.")
+    where = f" at '{param}'" if param else ""
+    return invalid_request(f"Invalid request{where}: {message}", param, "invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(BillingError)
+    async def _billing(_: Request, exc: BillingError) -> JSONResponse:
+        return from_domain(exc).response()
+
+    @app.exception_handler(EngineError)
+    async def _engine(_: Request, exc: EngineError) -> JSONResponse:
+        return from_domain(exc).response()
+
+    @app.exception_handler(ChatTemplateError)
+    async def _template(_: Request, exc: ChatTemplateError) -> JSONResponse:
+        return from_domain(exc).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = {404: "Unknown request URL.", 405: "Method not allowed."}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return OpenAIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        error = from_domain(exc)
+        if error.status >= 500:
+            logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error.response()

@@ -1,0 +1,112 @@
+"""The FastAPI app. `create_app(settings)` builds it; the lifespan owns the long-lived parts:
+the database engine, the model engines and the hold sweeper. Nothing heavy runs at import."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from datetime import timedelta
+
+from anyio import to_thread
+from fastapi import FastAPI
+
+from api.books import Books
+from api.engine.protocol import EngineClient
+from api.errors import install_error_handlers
+from api.limits import ConcurrencyLimiter
+from api.logging import configure_logging
+from api.metrics import Metrics
+from api.middleware import RequestContext
+from api.routes import chat, health, key, models
+from api.services import Services
+from api.serving.chat import ChatService
+from api.settings import ApiSettings
+from billing.db import make_engine
+
+logger = logging.getLogger("tokenshop.api")
+
+
+def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None = None) -> FastAPI:
+    """The app; `engines` replaces loading `settings.models` (tests with other models)."""
+    engine_map: dict[str, EngineClient] = {}
+    metrics = Metrics(engine_map)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = make_engine(settings.database_url)
+        engine_map.update(engines if engines is not None else await _load_models(settings))
+        for engine in engine_map.values():
+            await engine.start()
+        books = Books(
+            db=db,
+            hold_ttl=timedelta(seconds=settings.hold_ttl_seconds),
+            key_cache_seconds=settings.key_cache_seconds,
+        )
+        chat_service = ChatService(
+            engines=engine_map,
+            books=books,
+            limiter=ConcurrencyLimiter(settings.max_concurrent_per_key),
+            metrics=metrics,
+            settings=settings,
+        )
+        app.state.services = Services(
+            settings=settings,
+            db=db,
+            engines=engine_map,
+            books=books,
+            chat=chat_service,
+            metrics=metrics,
+        )
+        sweeper = asyncio.create_task(_sweep_forever(books, settings.sweep_seconds))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with suppress(asyncio.CancelledError):
+                await sweeper
+            for engine in engine_map.values():
+                await engine.shutdown()
+            db.dispose()
+
+    app = FastAPI(
+        title="Tokenshop",
+        summary="An OpenAI-compatible chat completions API, paid in tokens.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(RequestContext, metrics=metrics, max_body=settings.max_request_bytes)
+    for router in (chat.router, models.router, key.router, health.router):
+        app.include_router(router)
+    return app
+
+
+async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
+    from api.engine.registry import EngineConfig, load_engines
+
+    config = EngineConfig(
+        max_active_sequences=settings.max_active_sequences,
+        max_queued=settings.max_queued,
+        threads=settings.engine_threads or None,
+    )
+    return await to_thread.run_sync(load_engines, settings.models, config)
+
+
+async def _sweep_forever(books: Books, every: float) -> None:
+    """Resolve holds left by crashed workers: once at start-up, then periodically."""
+    while True:
+        try:
+            resolved = await books.sweep()
+            if resolved:
+                logger.info("released %d stale hold(s)", resolved)
+        except Exception:
+            logger.exception("hold sweep failed; retrying in %.0f s", every)
+        await asyncio.sleep(every)
+
+
+def app_from_environment() -> FastAPI:
+    """The uvicorn factory (`tokenshop serve`, Procfile): settings from the environment."""
+    configure_logging()
+    return create_app(ApiSettings())

@@ -1,0 +1,23 @@
+"""Everything a running API process holds, built once in the lifespan and passed to routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from api.books import Books
+from api.engine.protocol import EngineClient
+from api.metrics import Metrics
+from api.serving.chat import ChatService
+from api.settings import ApiSettings
+
+
+@dataclass
+class Services:
+    settings: ApiSettings
+    db: Engine
+    engines: dict[str, EngineClient]
+    books: Books
+    chat: ChatService
+    metrics: Metrics

@@ -1,0 +1,405 @@
+"""Chat completions: template, hold, generate, settle — the flow of DESIGN.md in one place.
+
+Money first: the hold is placed before any byte of the answer is sent, the generation is capped
+to what the hold covers, long generations checkpoint their usage, and the hold is settled with
+the real usage whatever happens (done, error, client gone), under a cancel shield so a
+disconnect cannot skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio import to_thread
+
+from api.books import Books
+from api.engine.errors import ContextLengthExceeded
+from api.engine.protocol import EngineClient, GenerationOutput, GenerationRequest
+from api.errors import from_domain, model_not_found
+from api.limits import ConcurrencyLimiter
+from api.metrics import Metrics
+from api.protocol import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceLogprobs,
+    ChunkChoice,
+    Delta,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from api.serving import requests
+from api.serving.streams import KEEPALIVE, TIMEOUT, merge_outputs
+from api.settings import ApiSettings
+from billing.idempotency import body_hash
+
+logger = logging.getLogger("tokenshop.api")
+
+
+@dataclass
+class Tally:
+    """What a request has used so far, in tokens and in billed cost."""
+
+    prompt_tokens: int
+    price: float
+    completion: dict[int, int] = field(default_factory=dict)
+    first_token_at: float | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.completion.values())
+
+    def cost(self) -> int:
+        return cost_of(self.prompt_tokens + self.completion_tokens, self.price)
+
+    def usage(self) -> Usage:
+        completion = self.completion_tokens
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self.prompt_tokens + completion,
+        )
+
+
+@dataclass
+class PreparedChat:
+    """A request that passed validation and holds its tokens; `close` resolves it once."""
+
+    id: str
+    created: int
+    model: str
+    account_id: int
+    engine: EngineClient
+    requests: list[GenerationRequest]
+    tally: Tally
+    include_usage: bool
+    want_logprobs: bool
+    accepted_at: float = field(default_factory=time.monotonic)
+    closed: bool = False
+    last_checkpoint: float = field(default_factory=time.monotonic)
+
+
+def cost_of(tokens: int, price: float) -> int:
+    return math.ceil(tokens * price - 1e-9)
+
+
+class ChatService:
+    def __init__(
+        self,
+        *,
+        engines: Mapping[str, EngineClient],
+        books: Books,
+        limiter: ConcurrencyLimiter,
+        metrics: Metrics,
+        settings: ApiSettings,
+    ) -> None:
+        self.engines = engines
+        self.books = books
+        self.limiter = limiter
+        self.metrics = metrics
+        self.settings = settings
+        self.prices = settings.prices()
+
+    async def prepare(self, request: ChatCompletionRequest, account_id: int) -> PreparedChat:
+        """Validate, tokenize and hold; raises an error the client gets as an HTTP status."""
+        engine = self.engines.get(request.model)
+        if engine is None:
+            raise model_not_found(request.model)
+        requests.refuse_unsupported(
+            request, max_n=self.settings.max_n, max_messages=self.settings.max_messages
+        )
+        messages = requests.chat_messages(request)
+        requests.stop_strings(request)
+        prompt_ids = await to_thread.run_sync(engine.encode_chat, messages)
+        prompt = len(prompt_ids)
+        if prompt >= engine.context_length:
+            raise ContextLengthExceeded(prompt, engine.context_length)
+        n = request.n
+        room = engine.context_length - prompt
+        max_new = min(
+            requests.requested_max_tokens(request, self.settings.default_max_tokens), room
+        )
+        price = self.prices.get(request.model, 1.0)
+        chat_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
+
+        self.limiter.acquire(account_id)
+        try:
+            hold = await self.books.hold(
+                account_id=account_id,
+                request_id=chat_id,
+                min_cost=cost_of(prompt + n, price),
+                max_cost=cost_of(prompt + n * max_new, price),
+                model=request.model,
+            )
+        except BaseException:
+            self.limiter.release(account_id)
+            raise
+        affordable = max_new
+        while cost_of(prompt + n * affordable, price) > hold.amount:
+            affordable = min(affordable - 1, int(hold.amount / price - prompt) // n)
+        return PreparedChat(
+            id=chat_id,
+            created=int(time.time()),
+            model=request.model,
+            account_id=account_id,
+            engine=engine,
+            requests=[
+                GenerationRequest(
+                    request_id=f"{chat_id}-{index}",
+                    prompt_token_ids=prompt_ids,
+                    params=requests.sampling_params(request, max_tokens=affordable, choice=index),
+                )
+                for index in range(n)
+            ],
+            tally=Tally(prompt_tokens=prompt, price=price),
+            include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            want_logprobs=request.logprobs,
+        )
+
+    async def complete(self, prepared: PreparedChat) -> ChatCompletion:
+        texts: dict[int, list[str]] = {i: [] for i in range(len(prepared.requests))}
+        finish: dict[int, str] = {}
+        logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(len(prepared.requests))}
+        try:
+            async for index, output in self._outputs(prepared, keepalive=None):
+                texts[index].append(output.text)
+                logprobs[index].extend(_logprobs(output))
+                if output.finished:
+                    finish[index] = output.finish_reason or "stop"
+            await self.close(prepared)
+        finally:
+            await self._close_shielded(prepared)
+        return ChatCompletion(
+            id=prepared.id,
+            created=prepared.created,
+            model=prepared.model,
+            choices=[
+                Choice(
+                    index=index,
+                    message=AssistantMessage(content="".join(texts[index])),
+                    finish_reason=finish.get(index, "length"),  # type: ignore[arg-type]
+                    logprobs=ChoiceLogprobs(content=logprobs[index])
+                    if prepared.want_logprobs
+                    else None,
+                )
+                for index in range(len(prepared.requests))
+            ],
+            usage=prepared.tally.usage(),
+        )
+
+    async def start_stream(self, prepared: PreparedChat) -> AsyncIterator[str]:
+        """Wait for the engine to accept the request (or refuse it: that error still gets its
+        HTTP status), then hand back the SSE events."""
+        outputs = self._outputs(prepared, keepalive=self.settings.keepalive_seconds)
+        try:
+            first = await anext(outputs)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await outputs.aclose()
+            await self._close_shielded(prepared)
+            raise
+        return self._stream(prepared, outputs, first)
+
+    async def _stream(
+        self, prepared: PreparedChat, outputs: AsyncGenerator[Any], first: Any
+    ) -> AsyncIterator[str]:
+        """SSE events; an error after the first byte arrives as an error event before [DONE]."""
+        try:
+            for index in range(len(prepared.requests)):
+                yield self._chunk(
+                    prepared, ChunkChoice(index=index, delta=Delta(role="assistant", content=""))
+                )
+            item = first
+            while True:
+                if item is KEEPALIVE:
+                    yield ": keep-alive\n\n"
+                else:
+                    for event in self._events(prepared, *item):
+                        yield event
+                try:
+                    item = await anext(outputs)
+                except StopAsyncIteration:
+                    break
+            await self.close(prepared)
+            if prepared.include_usage:
+                yield self._chunk(prepared, None, usage=prepared.tally.usage())
+        except Exception as exc:  # the status line is gone: report in-band
+            error = from_domain(exc)
+            if error.status >= 500:
+                logger.exception("stream %s failed", prepared.id)
+            yield error.sse_event()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await outputs.aclose()
+            await self._close_shielded(prepared)
+        yield "data: [DONE]\n\n"
+
+    def _events(self, prepared: PreparedChat, index: int, output: GenerationOutput) -> list[str]:
+        events = []
+        if output.text or (prepared.want_logprobs and output.logprobs):
+            logprobs = ChoiceLogprobs(content=_logprobs(output)) if prepared.want_logprobs else None
+            events.append(
+                self._chunk(
+                    prepared,
+                    ChunkChoice(index=index, delta=Delta(content=output.text), logprobs=logprobs),
+                )
+            )
+        if output.finished:
+            events.append(
+                self._chunk(
+                    prepared,
+                    ChunkChoice(
+                        index=index, delta=Delta(), finish_reason=output.finish_reason or "stop"
+                    ),
+                )
+            )
+        return events
+
+    async def complete_once(
+        self, request: ChatCompletionRequest, account_id: int, key: str
+    ) -> tuple[int, str]:
+        """A non-streaming completion under an Idempotency-Key: replayed, never billed twice."""
+        digest = body_hash(request.model_dump_json().encode())
+        stored = await self.books.claim_idempotency(account_id, key, digest)
+        if stored is not None:
+            return stored.status_code, stored.body
+        try:
+            completion = await self.complete(await self.prepare(request, account_id))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.books.give_up_idempotency(account_id, key)
+            raise
+        body = completion.model_dump_json()
+        await self.books.store_idempotency(account_id, key, 200, body)
+        return 200, body
+
+    async def _outputs(
+        self, prepared: PreparedChat, keepalive: float | None
+    ) -> AsyncGenerator[tuple[int, GenerationOutput]]:
+        """Every choice's outputs as they come; checkpoints usage and enforces the time limit."""
+        deadline = prepared.accepted_at + self.settings.max_generation_seconds
+        streams = [prepared.engine.generate(request) for request in prepared.requests]
+        finished: set[int] = set()
+        merged = merge_outputs(
+            streams,
+            keepalive=keepalive,
+            deadline=deadline,
+            on_output=lambda index, output: self._count(prepared, index, output),
+        )
+        try:
+            async for item in merged:
+                if item is TIMEOUT:  # out of time: the unfinished choices end as "length"
+                    for index in set(range(len(streams))) - finished:
+                        yield index, self._cut(prepared, index)
+                    return
+                if item is not KEEPALIVE:
+                    index, output = item
+                    if output.finished:
+                        finished.add(index)
+                    await self._maybe_checkpoint(prepared)
+                yield item
+        finally:
+            with anyio.CancelScope(shield=True):
+                await merged.aclose()
+                for request in prepared.requests:
+                    await prepared.engine.abort(request.request_id)
+
+    def _cut(self, prepared: PreparedChat, index: int) -> GenerationOutput:
+        return GenerationOutput(
+            text="",
+            token_ids=[],
+            prompt_tokens=prepared.tally.prompt_tokens,
+            completion_tokens=prepared.tally.completion.get(index, 0),
+            finished=True,
+            finish_reason="length",
+        )
+
+    def _count(self, prepared: PreparedChat, index: int, output: GenerationOutput) -> None:
+        tally = prepared.tally
+        if tally.first_token_at is None and output.completion_tokens:
+            tally.first_token_at = time.monotonic()
+            self.metrics.time_to_first_token.labels(prepared.model).observe(
+                tally.first_token_at - prepared.accepted_at
+            )
+        tally.completion[index] = output.completion_tokens
+
+    async def _maybe_checkpoint(self, prepared: PreparedChat) -> None:
+        now = time.monotonic()
+        if now - prepared.last_checkpoint >= self.settings.checkpoint_seconds:
+            prepared.last_checkpoint = now
+            await self.books.checkpoint(prepared.id, prepared.tally.cost())
+
+    async def close(self, prepared: PreparedChat) -> None:
+        """Settle the hold with what was generated (release it if nothing was), once."""
+        if prepared.closed:
+            return
+        prepared.closed = True
+        self.limiter.release(prepared.account_id)
+        tally = prepared.tally
+        try:
+            if tally.completion_tokens == 0:
+                await self.books.release(prepared.id)
+            else:
+                await self.books.settle(
+                    prepared.id,
+                    cost=tally.cost(),
+                    prompt_tokens=tally.prompt_tokens,
+                    completion_tokens=tally.completion_tokens,
+                )
+        except Exception:
+            # The hold stays open with its last checkpoint; the sweeper resolves it.
+            logger.exception("could not settle %s; the sweeper will", prepared.id)
+            return
+        self._observe(prepared)
+
+    async def _close_shielded(self, prepared: PreparedChat) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.close(prepared)
+
+    def _observe(self, prepared: PreparedChat) -> None:
+        tally = prepared.tally
+        self.metrics.tokens.labels(prepared.model, "prompt").inc(tally.prompt_tokens)
+        self.metrics.tokens.labels(prepared.model, "completion").inc(tally.completion_tokens)
+        if tally.first_token_at is not None and tally.completion_tokens > 1:
+            elapsed = time.monotonic() - tally.first_token_at
+            if elapsed > 0:
+                self.metrics.tokens_per_second.labels(prepared.model).observe(
+                    (tally.completion_tokens - 1) / elapsed
+                )
+
+    def _chunk(
+        self, prepared: PreparedChat, choice: ChunkChoice | None, usage: Usage | None = None
+    ) -> str:
+        chunk = ChatCompletionChunk(
+            id=prepared.id,
+            created=prepared.created,
+            model=prepared.model,
+            choices=[choice] if choice else [],
+            usage=usage,
+        )
+        return f"data: {chunk.model_dump_json()}\n\n"
+
+
+def _logprobs(output: GenerationOutput) -> list[TokenLogprob]:
+    return [
+        TokenLogprob(
+            token=item.token,
+            logprob=item.logprob,
+            bytes=item.bytes,
+            top_logprobs=[
+                TopLogprob(token=top.token, logprob=top.logprob, bytes=top.bytes)
+                for top in item.top_logprobs
+            ],
+        )
+        for item in output.logprobs or []
+    ]

@@ -1,0 +1,52 @@
+"""Settings of an API process (environment and `.env`); billing's settings are part of them."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from billing.settings import BillingSettings
+
+
+class ApiSettings(BillingSettings):
+    """One object per process, handed to `create_app(settings)`."""
+
+    models: str = Field(default="models/demo", description="comma-separated export dirs")
+    model_prices: str = Field(
+        default="", description="per-model price multipliers, e.g. 'big=2.5,small=0.5'"
+    )
+    default_max_tokens: int = 4096
+    max_request_bytes: int = 2_000_000
+    max_messages: int = 2048
+    max_n: int = 8
+    max_concurrent_per_key: int = 8
+    max_generation_seconds: float = 600.0
+    key_cache_seconds: float = 5.0  # a revoked key stops working within this long
+    checkpoint_seconds: float = 5.0  # how often a long generation records its usage
+    sweep_seconds: float = 30.0
+    keepalive_seconds: float = 15.0
+    max_active_sequences: int = 16
+    max_queued: int = 256
+    engine_threads: int = 0  # 0: ONNX Runtime's default
+
+    @field_validator("model_prices")
+    @classmethod
+    def _prices_parse(cls, value: str) -> str:
+        parse_prices(value)
+        return value
+
+    def prices(self) -> dict[str, float]:
+        return parse_prices(self.model_prices)
+
+
+def parse_prices(spec: str) -> dict[str, float]:
+    prices: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = -1.0
+        if not sep or not name.strip() or price <= 0:
+            raise ValueError(f"MODEL_PRICES item {item!r} is not name=positive-number")
+        prices[name.strip()] = price
+    return prices

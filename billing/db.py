@@ -1,0 +1,74 @@
+"""Engines and sessions for SQLite (default) and PostgreSQL (production).
+
+SQLite needs three things to survive concurrent writers (API workers, the bot, the sweeper):
+WAL so readers do not block the writer, a busy timeout so a writer waits instead of failing with
+"database is locked", and `BEGIN IMMEDIATE` so a transaction takes the write lock when it starts
+rather than upgrading a read lock later (the upgrade is what deadlocks). SQLAlchemy's pysqlite
+recipe: turn off the driver's own transaction handling and emit BEGIN ourselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.engine import make_url
+from sqlmodel import Session, create_engine
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine configured for safe concurrent use of `url`."""
+    if make_url(url).get_backend_name() == "sqlite":
+        return _make_sqlite_engine(url, **kwargs)
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def _make_sqlite_engine(url: str, **kwargs: Any) -> Engine:
+    connect_args = kwargs.pop("connect_args", {})
+    connect_args.setdefault("check_same_thread", False)
+    connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    in_memory = make_url(url).database in (None, "", ":memory:")
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        if not in_memory:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        mode = connection.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def reading(engine: Engine) -> Engine:
+    """The same engine for read-only work: on SQLite its transactions take no write lock, so a
+    long-lived reader (a test, a report) never stalls the writers. Elsewhere it changes nothing."""
+    return engine.execution_options(sqlite_begin="DEFERRED")
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """One short transaction: commit on success, roll back on error.
+
+    Callers keep these short; in particular, no transaction stays open while a model generates.
+    """
+    with Session(engine, expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise

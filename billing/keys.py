@@ -1,0 +1,136 @@
+"""API keys: format, checksum, storage and authentication.
+
+A key is `sk-tks-` + 40 base62 characters of secret + 6 base62 characters of CRC32 checksum.
+The checksum lets us reject typos and random probes without touching the database. The secret
+is HMAC(SECRET_KEY, salt), so the database holds only the salt and a SHA-256 of the key: a
+leaked database reveals no usable key, yet the bot can show the buyer their key again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import zlib
+from dataclasses import dataclass
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from billing.errors import AccountNotFound, InvalidKey, RevokedKey
+from billing.models import Account, ApiKey, utcnow
+
+KEY_PREFIX = "sk-tks-"
+SECRET_LENGTH = 40
+CHECKSUM_LENGTH = 6
+HINT_LENGTH = 4
+_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_KEY_PATTERN = re.compile(
+    rf"^{re.escape(KEY_PREFIX)}([0-9A-Za-z]{{{SECRET_LENGTH}}})([0-9A-Za-z]{{{CHECKSUM_LENGTH}}})$"
+)
+
+
+@dataclass(frozen=True)
+class KeyIdentity:
+    """Who a valid key belongs to."""
+
+    account_id: int
+    key_id: int
+
+
+def _base62(number: int, width: int) -> str:
+    digits = []
+    for _ in range(width):
+        number, digit = divmod(number, 62)
+        digits.append(_ALPHABET[digit])
+    return "".join(reversed(digits))
+
+
+def _checksum(secret: str) -> str:
+    return _base62(zlib.crc32(secret.encode()), CHECKSUM_LENGTH)
+
+
+def derive_key(secret_key: bytes, salt: str) -> str:
+    """The key for a salt; the same SECRET_KEY and salt always give the same key."""
+    digest = hmac.new(secret_key, salt.encode(), hashlib.sha256).digest()
+    secret = _base62(int.from_bytes(digest, "big"), SECRET_LENGTH)
+    return f"{KEY_PREFIX}{secret}{_checksum(secret)}"
+
+
+def is_well_formed(key: str) -> bool:
+    match = _KEY_PATTERN.match(key)
+    if match is None:
+        return False
+    return hmac.compare_digest(_checksum(match.group(1)), match.group(2))
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def mask_key(key: str) -> str:
+    """A form safe to show anywhere: the prefix and the last characters."""
+    return f"{KEY_PREFIX}…{key[-HINT_LENGTH:]}"
+
+
+def authenticate(*, session: Session, key: str) -> KeyIdentity:
+    """Find the live key; raises InvalidKey (malformed or unknown) or RevokedKey."""
+    if not is_well_formed(key):
+        raise InvalidKey()
+    presented_hash = hash_key(key)
+    row = session.exec(select(ApiKey).where(ApiKey.key_hash == presented_hash)).first()
+    if row is None or not hmac.compare_digest(row.key_hash, presented_hash):
+        raise InvalidKey()
+    if row.revoked_at is not None:
+        raise RevokedKey()
+    assert row.id is not None
+    return KeyIdentity(account_id=row.account_id, key_id=row.id)
+
+
+def active_key(*, session: Session, account_id: int) -> ApiKey | None:
+    return session.exec(
+        select(ApiKey).where(col(ApiKey.account_id) == account_id, col(ApiKey.revoked_at).is_(None))
+    ).first()
+
+
+def show_key(*, session: Session, account_id: int, secret_key: bytes) -> str | None:
+    """The account's live key, re-derived from its salt, or None if it has none."""
+    row = active_key(session=session, account_id=account_id)
+    return derive_key(secret_key, row.salt) if row else None
+
+
+def ensure_key(*, session: Session, account_id: int, secret_key: bytes) -> tuple[str, bool]:
+    """The live key, issuing one if the account has none; the flag says whether it is new."""
+    existing = show_key(session=session, account_id=account_id, secret_key=secret_key)
+    if existing is not None:
+        return existing, False
+    return _issue(session=session, account_id=account_id, secret_key=secret_key), True
+
+
+def rotate_key(*, session: Session, account_id: int, secret_key: bytes) -> str:
+    """Revoke the live key (if any) and issue a new one in the same transaction."""
+    revoke_key(session=session, account_id=account_id)
+    return _issue(session=session, account_id=account_id, secret_key=secret_key)
+
+
+def revoke_key(*, session: Session, account_id: int) -> bool:
+    """Revoke the account's live key; False if it had none."""
+    result = session.execute(
+        update(ApiKey)
+        .where(col(ApiKey.account_id) == account_id, col(ApiKey.revoked_at).is_(None))
+        .values(revoked_at=utcnow())
+    )
+    return result.rowcount > 0  # type: ignore[attr-defined]
+
+
+def _issue(*, session: Session, account_id: int, secret_key: bytes) -> str:
+    if session.get(Account, account_id) is None:
+        raise AccountNotFound(f"No account {account_id}.")
+    salt = secrets.token_hex(16)
+    key = derive_key(secret_key, salt)
+    session.add(
+        ApiKey(account_id=account_id, salt=salt, key_hash=hash_key(key), hint=key[-HINT_LENGTH:])
+    )
+    session.flush()
+    return key

@@ -1,0 +1,348 @@
+"""The token ledger: credits, holds and their settlement, refunds, balances and the audit.
+
+Holds are two-phase transfers (TigerBeetle's pending transfers). `hold` reserves tokens with one
+guarded UPDATE (`WHERE balance - held >= :n`) whose row count decides, so concurrent requests can
+never reserve more than the balance on either database. A hold resolves exactly once: every
+resolution is an UPDATE `WHERE state = 'held'`, and only the caller whose UPDATE changed the row
+moves tokens. Every transaction that touches a hold locks its account row first, so two
+transactions never wait on each other in opposite orders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, update
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
+
+from billing.errors import InsufficientBalance, InvalidAmount, PurchaseNotFound
+from billing.models import Account, Hold, LedgerEntry, Purchase, utcnow
+
+HOLD_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Balance:
+    """What an account has, as shown by `GET /v1/key`, the bot and the CLI."""
+
+    balance: int  # credited minus spent
+    held: int  # reserved by requests in flight
+    purchased: int
+    granted: int
+    used: int
+    refunded: int
+
+    @property
+    def available(self) -> int:
+        return self.balance - self.held
+
+
+@dataclass(frozen=True)
+class RefundResult:
+    purchase: Purchase
+    reversed_tokens: int
+    shortfall: int  # tokens of the pack already spent, which stay spent
+    newly_refunded: bool
+
+
+def credit(
+    *,
+    session: Session,
+    account_id: int,
+    tokens: int,
+    kind: str,
+    purchase_id: int | None = None,
+    note: str | None = None,
+) -> LedgerEntry:
+    """Add tokens to an account with their ledger entry (purchases and operator grants)."""
+    if tokens <= 0:
+        raise InvalidAmount(f"Token amounts must be positive, got {tokens}.")
+    _lock_account(session, account_id)
+    session.execute(
+        update(Account)
+        .where(col(Account.id) == account_id)
+        .values(balance=Account.balance + tokens)
+    )
+    entry = LedgerEntry(
+        account_id=account_id, kind=kind, amount=tokens, purchase_id=purchase_id, note=note
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def grant(
+    *, session: Session, account_id: int, tokens: int, note: str | None = None
+) -> LedgerEntry:
+    """Tokens given by the operator (support, promotions, CLI-made accounts)."""
+    return credit(session=session, account_id=account_id, tokens=tokens, kind="grant", note=note)
+
+
+def hold(
+    *,
+    session: Session,
+    account_id: int,
+    request_id: str,
+    min_tokens: int,
+    max_tokens: int,
+    ttl: timedelta,
+    model: str | None = None,
+) -> Hold:
+    """Reserve `min(available, max_tokens)` tokens, or raise InsufficientBalance below `min_tokens`.
+
+    The caller caps the generation to `hold.amount`, so a request can never cost more than
+    it reserved.
+    """
+    if min_tokens <= 0 or max_tokens < min_tokens:
+        raise InvalidAmount(f"Bad hold bounds {min_tokens}..{max_tokens}.")
+    available = 0
+    for _ in range(HOLD_ATTEMPTS):
+        available = _available(session, account_id)
+        if available < min_tokens:
+            break
+        amount = min(available, max_tokens)
+        reserved = session.execute(
+            update(Account)
+            .where(
+                col(Account.id) == account_id, col(Account.balance) - col(Account.held) >= amount
+            )
+            .values(held=Account.held + amount)
+        )
+        if reserved.rowcount == 1:  # type: ignore[attr-defined]
+            now = utcnow()
+            row = Hold(
+                id=request_id,
+                account_id=account_id,
+                amount=amount,
+                model=model,
+                created_at=now,
+                expires_at=now + ttl,
+            )
+            session.add(row)
+            session.flush()
+            return row
+    raise InsufficientBalance(needed=min_tokens, available=max(available, 0))
+
+
+def checkpoint(*, session: Session, hold_id: str, used: int, ttl: timedelta) -> bool:
+    """Record usage so far and push the expiry out; a crash later bills `used`, not zero."""
+    result = session.execute(
+        update(Hold)
+        .where(col(Hold.id) == hold_id, col(Hold.state) == "held", col(Hold.amount) >= used)
+        .values(used=used, expires_at=utcnow() + ttl)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def settle(
+    *,
+    session: Session,
+    hold_id: str,
+    cost: int,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+) -> LedgerEntry | None:
+    """Charge `cost` (at most the hold) and release the rest; None if already resolved."""
+    return _resolve(
+        session=session,
+        hold_id=hold_id,
+        state="settled",
+        cost=cost,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
+
+
+def release(*, session: Session, hold_id: str) -> bool:
+    """Give the whole hold back (nothing was generated); False if already resolved."""
+    return _resolve(session=session, hold_id=hold_id, state="released", cost=0) is not None
+
+
+def release_stale_holds(*, session: Session, now: datetime | None = None) -> int:
+    """Resolve holds past their expiry (a crashed worker's): bill the checkpoint, free the rest."""
+    now = now or utcnow()
+    stale = session.exec(
+        select(Hold.id, Hold.used).where(col(Hold.state) == "held", col(Hold.expires_at) < now)
+    ).all()
+    resolved = 0
+    for hold_id, used in stale:
+        state = "settled" if used > 0 else "released"
+        if _resolve(session=session, hold_id=hold_id, state=state, cost=used) is not None:
+            resolved += 1
+    return resolved
+
+
+def _resolve(
+    *,
+    session: Session,
+    hold_id: str,
+    state: str,
+    cost: int,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+) -> LedgerEntry | None:
+    row = session.get(Hold, hold_id, populate_existing=True)
+    if row is None or row.state != "held":
+        return None
+    _lock_account(session, row.account_id)
+    charge = max(0, min(cost, row.amount))
+    changed = session.execute(
+        update(Hold)
+        .where(col(Hold.id) == hold_id, col(Hold.state) == "held")
+        .values(state=state, used=charge, resolved_at=utcnow())
+    )
+    if changed.rowcount != 1:  # type: ignore[attr-defined]
+        return None  # another worker resolved it first
+    session.execute(
+        update(Account)
+        .where(col(Account.id) == row.account_id)
+        .values(held=Account.held - row.amount, balance=Account.balance - charge)
+    )
+    entry = LedgerEntry(
+        account_id=row.account_id,
+        kind="usage",
+        amount=-charge,
+        request_id=hold_id,
+        model=row.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        note=None if state == "settled" else "released",
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def refund_purchase(*, session: Session, charge_id: str) -> RefundResult:
+    """Reverse a purchase's tokens once; what was already spent stays spent (the shortfall)."""
+    purchase = session.exec(
+        select(Purchase).where(col(Purchase.telegram_payment_charge_id) == charge_id)
+    ).first()
+    if purchase is None:
+        raise PurchaseNotFound(f"No purchase with charge id {charge_id!r}.")
+    _lock_account(session, purchase.account_id)
+    marked = session.execute(
+        update(Purchase)
+        .where(col(Purchase.id) == purchase.id, col(Purchase.refunded_at).is_(None))
+        .values(refunded_at=utcnow())
+    )
+    session.refresh(purchase)
+    if marked.rowcount != 1:  # type: ignore[attr-defined]
+        return RefundResult(purchase, purchase.refunded_tokens, purchase.refund_shortfall, False)
+    reversible = max(0, min(purchase.tokens, _available(session, purchase.account_id)))
+    shortfall = purchase.tokens - reversible
+    session.execute(
+        update(Account)
+        .where(col(Account.id) == purchase.account_id)
+        .values(balance=Account.balance - reversible)
+    )
+    purchase.refunded_tokens = reversible
+    purchase.refund_shortfall = shortfall
+    session.add(purchase)
+    session.add(
+        LedgerEntry(
+            account_id=purchase.account_id,
+            kind="refund",
+            amount=-reversible,
+            purchase_id=purchase.id,
+            note=f"shortfall {shortfall}" if shortfall else None,
+        )
+    )
+    session.flush()
+    return RefundResult(purchase, reversible, shortfall, True)
+
+
+def get_balance(*, session: Session, account_id: int) -> Balance:
+    balance, held = session.execute(
+        select(Account.balance, Account.held).where(col(Account.id) == account_id)
+    ).one()
+    sums = dict(
+        session.execute(
+            select(LedgerEntry.kind, func.coalesce(func.sum(LedgerEntry.amount), 0))
+            .where(col(LedgerEntry.account_id) == account_id)
+            .group_by(LedgerEntry.kind)
+        ).all()
+    )
+    return Balance(
+        balance=balance,
+        held=held,
+        purchased=int(sums.get("purchase", 0)),
+        granted=int(sums.get("grant", 0)),
+        used=-int(sums.get("usage", 0)),
+        refunded=-int(sums.get("refund", 0)),
+    )
+
+
+def usage_history(*, session: Session, account_id: int, limit: int = 10) -> list[LedgerEntry]:
+    """The latest settled requests, newest first."""
+    return list(
+        session.exec(
+            select(LedgerEntry)
+            .where(col(LedgerEntry.account_id) == account_id, col(LedgerEntry.kind) == "usage")
+            .order_by(col(LedgerEntry.id).desc())
+            .limit(limit)
+        ).all()
+    )
+
+
+def audit(*, session: Session, now: datetime | None = None) -> list[str]:
+    """Every inconsistency in the books, one line each; an empty list means they balance."""
+    now = now or utcnow()
+    ledger_sum = (
+        sa_select(col(LedgerEntry.account_id), func.sum(LedgerEntry.amount).label("total"))
+        .group_by(col(LedgerEntry.account_id))
+        .subquery()
+    )
+    live_holds = (
+        sa_select(col(Hold.account_id), func.sum(Hold.amount).label("total"))
+        .where(col(Hold.state) == "held")
+        .group_by(col(Hold.account_id))
+        .subquery()
+    )
+    rows = session.execute(
+        sa_select(
+            col(Account.id),
+            col(Account.balance),
+            col(Account.held),
+            func.coalesce(ledger_sum.c.total, 0),
+            func.coalesce(live_holds.c.total, 0),
+        )
+        .outerjoin(ledger_sum, ledger_sum.c.account_id == Account.id)
+        .outerjoin(live_holds, live_holds.c.account_id == Account.id)
+        .order_by(col(Account.id))
+    ).all()
+    problems: list[str] = []
+    for account_id, balance, held, ledger_total, holds_total in rows:
+        if balance != ledger_total:
+            problems.append(f"account {account_id}: balance {balance} != ledger sum {ledger_total}")
+        if balance < 0:
+            problems.append(f"account {account_id}: negative balance {balance}")
+        if held != holds_total:
+            problems.append(f"account {account_id}: held {held} != open holds {holds_total}")
+        if held > balance:
+            problems.append(f"account {account_id}: held {held} exceeds balance {balance}")
+    expired = session.exec(
+        select(Hold.id, Hold.account_id, Hold.expires_at).where(
+            col(Hold.state) == "held", col(Hold.expires_at) < now
+        )
+    ).all()
+    problems.extend(
+        f"hold {hold_id} of account {account_id} expired at {expires_at:%Y-%m-%d %H:%M:%S} "
+        "and is still open"
+        for hold_id, account_id, expires_at in expired
+    )
+    return problems
+
+
+def _available(session: Session, account_id: int) -> int:
+    balance, held = session.execute(
+        select(Account.balance, Account.held).where(col(Account.id) == account_id)
+    ).one()
+    return int(balance - held)
+
+
+def _lock_account(session: Session, account_id: int) -> None:
+    """Take the account row's lock first (PostgreSQL; SQLite's BEGIN IMMEDIATE already did)."""
+    session.execute(select(Account.id).where(col(Account.id) == account_id).with_for_update())

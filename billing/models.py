@@ -1,0 +1,164 @@
+"""Every table of Tokenshop. Billing owns them; the API and the bot go through billing's functions.
+
+Amounts are whole tokens. Times are aware UTC datetimes (`utcnow()`), stored as UTC.
+The CHECK constraints are the second line of defence behind the guarded UPDATEs in `ledger.py`:
+if a bug ever tried to overdraw, the database refuses the write instead of recording it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import BigInteger, CheckConstraint, Column, Index, UniqueConstraint, text
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Account(SQLModel, table=True):
+    """A buyer: one per Telegram user, or made by the operator's CLI without one."""
+
+    __tablename__ = "account"
+    __table_args__ = (
+        CheckConstraint("balance >= 0", name="ck_account_balance_nonnegative"),
+        CheckConstraint("held >= 0", name="ck_account_held_nonnegative"),
+        CheckConstraint("held <= balance", name="ck_account_held_within_balance"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    telegram_id: int | None = Field(
+        default=None, sa_column=Column(BigInteger, unique=True, nullable=True)
+    )
+    name: str | None = Field(default=None, max_length=255)
+    language: str | None = Field(default=None, max_length=16)
+    balance: int = 0  # cached sum of ledger entries; checked by `audit`
+    held: int = 0  # reserved by in-flight requests
+    terms_accepted_at: datetime | None = None
+    notice_level: str = Field(default="ok", max_length=16)  # last balance notice sent
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ApiKey(SQLModel, table=True):
+    """A key's salt and hash; the key itself is HMAC(SECRET_KEY, salt) and is never stored."""
+
+    __tablename__ = "api_key"
+    __table_args__ = (
+        # At most one live key per account, even if two rotations race.
+        Index(
+            "uq_api_key_one_active_per_account",
+            "account_id",
+            unique=True,
+            sqlite_where=text("revoked_at IS NULL"),
+            postgresql_where=text("revoked_at IS NULL"),
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="account.id", index=True)
+    salt: str = Field(max_length=64)
+    key_hash: str = Field(max_length=64, unique=True)
+    hint: str = Field(max_length=8)  # last characters, for the masked form
+    created_at: datetime = Field(default_factory=utcnow)
+    revoked_at: datetime | None = None
+
+
+class Order(SQLModel, table=True):
+    """A pack the buyer chose; the invoice payload is this row's opaque id."""
+
+    __tablename__ = "order"
+    __table_args__ = (CheckConstraint("tokens > 0 AND price > 0", name="ck_order_positive"),)
+
+    id: str = Field(primary_key=True, max_length=64)
+    account_id: int = Field(foreign_key="account.id", index=True)
+    pack_id: str = Field(max_length=64)
+    pack_title: str = Field(max_length=255)
+    tokens: int
+    price: int
+    currency: str = Field(default="XTR", max_length=8)
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime
+    paid_at: datetime | None = None
+
+
+class Purchase(SQLModel, table=True):
+    """A successful payment, with a snapshot of the pack as it was sold."""
+
+    __tablename__ = "purchase"
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="account.id", index=True)
+    order_id: str | None = Field(default=None, foreign_key="order.id", max_length=64)
+    telegram_payment_charge_id: str = Field(max_length=255, unique=True)
+    provider_payment_charge_id: str | None = Field(default=None, max_length=255)
+    pack_id: str = Field(max_length=64)
+    pack_title: str = Field(max_length=255)
+    tokens: int
+    price: int
+    currency: str = Field(default="XTR", max_length=8)
+    created_at: datetime = Field(default_factory=utcnow)
+    refunded_at: datetime | None = None
+    refunded_tokens: int = 0
+    refund_shortfall: int = 0  # tokens already spent when the refund came
+
+
+class LedgerEntry(SQLModel, table=True):
+    """One append-only movement of tokens; an account's balance is the sum of its entries."""
+
+    __tablename__ = "ledger_entry"
+    __table_args__ = (
+        UniqueConstraint("kind", "purchase_id", name="uq_ledger_once_per_purchase"),
+        UniqueConstraint("kind", "request_id", name="uq_ledger_once_per_request"),
+        CheckConstraint("kind IN ('purchase', 'grant', 'usage', 'refund')", name="ck_ledger_kind"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="account.id", index=True)
+    kind: str = Field(max_length=16)
+    amount: int  # signed: credits > 0, usage and refunds < 0
+    purchase_id: int | None = Field(default=None, foreign_key="purchase.id")
+    request_id: str | None = Field(default=None, max_length=64)
+    model: str | None = Field(default=None, max_length=255)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    note: str | None = Field(default=None, max_length=255)
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+
+
+class Hold(SQLModel, table=True):
+    """A reservation for one request (a pending transfer): it resolves exactly once."""
+
+    __tablename__ = "hold"
+    __table_args__ = (
+        CheckConstraint("amount > 0", name="ck_hold_amount_positive"),
+        CheckConstraint("used >= 0 AND used <= amount", name="ck_hold_used_within_amount"),
+        CheckConstraint("state IN ('held', 'settled', 'released')", name="ck_hold_state"),
+    )
+
+    id: str = Field(primary_key=True, max_length=64)  # the request id
+    account_id: int = Field(foreign_key="account.id", index=True)
+    amount: int
+    used: int = 0  # last checkpointed usage; a crash bills this much
+    state: str = Field(default="held", max_length=16, index=True)
+    model: str | None = Field(default=None, max_length=255)
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime = Field(index=True)
+    resolved_at: datetime | None = None
+
+
+class IdempotentRequest(SQLModel, table=True):
+    """A non-streaming request sent with an `Idempotency-Key`: a retry replays its answer."""
+
+    __tablename__ = "idempotent_request"
+    __table_args__ = (
+        UniqueConstraint("account_id", "key", name="uq_idempotent_request_per_account"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="account.id")
+    key: str = Field(max_length=255)
+    body_hash: str = Field(max_length=64)
+    status_code: int | None = None  # None while the first attempt is running
+    response: str | None = None  # the JSON body that was sent
+    created_at: datetime = Field(default_factory=utcnow)

@@ -1,0 +1,161 @@
+"""Orders and purchases: money moves once.
+
+An order is what the buyer chose (a pack snapshot, a price, an expiry); its opaque id is the
+invoice payload. The pre-checkout check reads only the database, so it answers well within
+Telegram's 10 seconds. A purchase is credited once per `telegram_payment_charge_id`, enforced by
+a unique constraint, so a repeated update, a restart or two workers never credit twice.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from billing.errors import OrderError
+from billing.ledger import credit
+from billing.models import Account, Order, Purchase, utcnow
+from billing.packs import Pack
+
+ORDER_TTL = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class CreditResult:
+    purchase: Purchase
+    newly_credited: bool
+
+
+def create_order(
+    *, session: Session, account_id: int, pack: Pack, ttl: timedelta = ORDER_TTL
+) -> Order:
+    now = utcnow()
+    order = Order(
+        id=secrets.token_urlsafe(24),
+        account_id=account_id,
+        pack_id=pack.id,
+        pack_title=pack.title,
+        tokens=pack.tokens,
+        price=pack.price,
+        currency=pack.currency,
+        created_at=now,
+        expires_at=now + ttl,
+    )
+    session.add(order)
+    session.flush()
+    return order
+
+
+def check_order_payable(
+    *, session: Session, order_id: str, telegram_id: int, amount: int, currency: str
+) -> Order:
+    """The pre-checkout check: an unexpired, unpaid order of this user at this exact price."""
+    order = session.get(Order, order_id) if order_id else None
+    if order is None:
+        raise OrderError("This invoice is not known. Please choose a pack again.", "unknown")
+    owner = session.get(Account, order.account_id)
+    if owner is None or owner.telegram_id != telegram_id:
+        raise OrderError("This invoice belongs to someone else.", "someone_else")
+    if order.paid_at is not None:
+        raise OrderError("This invoice has already been paid.", "paid")
+    if order.expires_at <= utcnow():
+        raise OrderError("This invoice has expired. Please choose a pack again.", "expired")
+    if amount != order.price or currency != order.currency:
+        raise OrderError("The price has changed. Please choose a pack again.", "price")
+    return order
+
+
+def credit_purchase(
+    *,
+    session: Session,
+    account_id: int,
+    charge_id: str,
+    pack: Pack,
+    order_id: str | None = None,
+    provider_charge_id: str | None = None,
+) -> CreditResult:
+    """Record a paid charge and credit its tokens, once per charge id whatever the retries."""
+    existing = _find_purchase(session, charge_id)
+    if existing is not None:
+        return CreditResult(existing, newly_credited=False)
+    purchase = Purchase(
+        account_id=account_id,
+        order_id=order_id,
+        telegram_payment_charge_id=charge_id,
+        provider_payment_charge_id=provider_charge_id,
+        pack_id=pack.id,
+        pack_title=pack.title,
+        tokens=pack.tokens,
+        price=pack.price,
+        currency=pack.currency,
+    )
+    try:
+        with session.begin_nested():
+            session.add(purchase)
+    except IntegrityError:
+        raced = _find_purchase(session, charge_id)
+        if raced is None:
+            raise
+        return CreditResult(raced, newly_credited=False)
+    credit(
+        session=session,
+        account_id=account_id,
+        tokens=pack.tokens,
+        kind="purchase",
+        purchase_id=purchase.id,
+    )
+    if order_id is not None:
+        session.execute(
+            update(Order)
+            .where(col(Order.id) == order_id, col(Order.paid_at).is_(None))
+            .values(paid_at=utcnow())
+        )
+    return CreditResult(purchase, newly_credited=True)
+
+
+def credit_order_payment(
+    *,
+    session: Session,
+    order_id: str,
+    telegram_id: int,
+    charge_id: str,
+    provider_charge_id: str | None = None,
+) -> CreditResult:
+    """Credit a successful payment for an order. Telegram has taken the Stars by now, so an
+    expired order is still honoured; only an order of somebody else is refused."""
+    order = session.get(Order, order_id)
+    if order is None:
+        raise OrderError(f"Payment {charge_id!r} names an unknown order.", "unknown")
+    owner = session.get(Account, order.account_id)
+    if owner is None or owner.telegram_id != telegram_id:
+        raise OrderError(f"Payment {charge_id!r} is for an order of another user.", "someone_else")
+    pack = Pack(order.pack_id, order.pack_title, order.tokens, order.price, order.currency)
+    return credit_purchase(
+        session=session,
+        account_id=order.account_id,
+        charge_id=charge_id,
+        pack=pack,
+        order_id=order.id,
+        provider_charge_id=provider_charge_id,
+    )
+
+
+def recent_purchases(*, session: Session, account_id: int, limit: int = 5) -> list[Purchase]:
+    return list(
+        session.exec(
+            select(Purchase)
+            .where(col(Purchase.account_id) == account_id)
+            .order_by(col(Purchase.id).desc())
+            .limit(limit)
+        ).all()
+    )
+
+
+def _find_purchase(session: Session, charge_id: str) -> Purchase | None:
+    return session.exec(
+        select(Purchase).where(col(Purchase.telegram_payment_charge_id) == charge_id)
+    ).first()

@@ -1,0 +1,79 @@
+"""Settings shared by every process that touches the books (API, bot, CLI)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from billing.packs import Pack, parse_catalog
+
+DEFAULT_SECRET_FILE = Path(".tokenshop-secret")
+PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "secret", "dev", "development", "test"}
+MIN_SECRET_LENGTH = 32
+
+
+class BillingSettings(BaseSettings):
+    """Read from the environment and `.env`.
+
+    `SECRET_KEY` derives every API key, so losing it makes the keys shown in Telegram unshowable
+    and changing it invalidates all of them. In development a random one is generated once and
+    kept in `.tokenshop-secret` (mode 0600); in production it must be set explicitly.
+    """
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    database_url: str = "sqlite:///./tokenshop.db"
+    secret_key: SecretStr | None = None
+    environment: Literal["development", "production"] = "development"
+    packs: str | None = None
+    hold_ttl_seconds: int = 300
+    secret_file: Path = DEFAULT_SECRET_FILE
+
+    @model_validator(mode="after")
+    def _require_real_secret_in_production(self) -> BillingSettings:
+        if self.environment == "production":
+            value = self.secret_key.get_secret_value() if self.secret_key else ""
+            if value.strip().lower() in PLACEHOLDER_SECRETS or len(value) < MIN_SECRET_LENGTH:
+                raise ValueError(
+                    "SECRET_KEY must be set to a random value of at least "
+                    f"{MIN_SECRET_LENGTH} characters in production"
+                )
+        return self
+
+    @field_validator("packs")
+    @classmethod
+    def _packs_parse(cls, value: str | None) -> str | None:
+        parse_catalog(value)
+        return value
+
+    def catalog(self) -> tuple[Pack, ...]:
+        return parse_catalog(self.packs)
+
+    def resolved_secret_key(self) -> bytes:
+        """The key material, generating the development secret file on first use."""
+        if self.secret_key is not None:
+            return self.secret_key.get_secret_value().encode()
+        return _development_secret(self.secret_file)
+
+
+def _development_secret(path: Path) -> bytes:
+    """Read the development secret, making it on first use. It is written to a private temporary
+    file and linked into place, so concurrent first runs (API, bot, CLI) all end up reading the
+    same complete value."""
+    if not path.exists():
+        fd, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=".tokenshop-secret-")
+        try:
+            with os.fdopen(fd, "w") as handle:  # mkstemp makes it 0600
+                handle.write(secrets.token_urlsafe(48) + "\n")
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, path)
+        finally:
+            os.unlink(temporary)
+    return path.read_text().strip().encode()

@@ -1,0 +1,176 @@
+"""`build_application(settings)`: the bot's handlers in order, its error handler, its lifecycle.
+
+Order matters in python-telegram-bot: within a group the first matching handler wins, and
+groups run from the lowest number up. The pre-checkout handler has a group of its own ahead of
+everything, and updates are processed concurrently, so a slow handler for one buyer never
+delays another buyer's pre-checkout answer (Telegram waits 10 seconds at most).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from telegram import (
+    BotCommand,
+    BotCommandScopeChat,
+    LinkPreviewOptions,
+    Update,
+)
+from telegram.constants import ParseMode
+from telegram.error import TelegramError
+from telegram.ext import (
+    Application,
+    CallbackQueryHandler,
+    CommandHandler,
+    Defaults,
+    MessageHandler,
+    PreCheckoutQueryHandler,
+    filters,
+)
+
+from billing.db import make_engine
+from bot import keyboards
+from bot.handlers import admin, balance, errors, key, payments, shop, start, support
+from bot.jobs import notices_job, reconcile_job
+from bot.logs import protect_token
+from bot.runtime import RUNTIME, SETTINGS, Runtime, runtime_of
+from bot.settings import BotSettings
+from bot.texts import LANGUAGES, Lang
+
+logger = logging.getLogger(__name__)
+
+ALLOWED_UPDATES = [Update.MESSAGE, Update.CALLBACK_QUERY, Update.PRE_CHECKOUT_QUERY]
+CONCURRENT_UPDATES = 64
+FIRST_NOTICES_AFTER_S = 10
+FIRST_RECONCILE_AFTER_S = 60
+
+_COMMANDS: dict[Lang, list[tuple[str, str]]] = {
+    "en": [
+        ("start", "Menu"),
+        ("buy", "Buy tokens"),
+        ("key", "My API key"),
+        ("balance", "Balance and recent requests"),
+        ("paysupport", "Payments and refunds"),
+        ("terms", "Terms of service"),
+        ("privacy", "Privacy policy"),
+        ("help", "Help"),
+    ],
+    "ru": [
+        ("start", "Меню"),
+        ("buy", "Купить токены"),
+        ("key", "Мой API-ключ"),
+        ("balance", "Баланс и последние запросы"),
+        ("paysupport", "Платежи и возвраты"),
+        ("terms", "Условия использования"),
+        ("privacy", "Политика конфиденциальности"),
+        ("help", "Помощь"),
+    ],
+}
+_ADMIN_COMMANDS = [
+    ("stats", "Buyers, revenue, tokens"),
+    ("refund", "<charge_id>: refund a payment"),
+    ("grant", "<telegram_id> <tokens>: give tokens"),
+]
+
+
+def build_application(settings: BotSettings) -> Application:  # type: ignore[type-arg]
+    """The bot, ready to run; nothing touches the network or the database until it starts."""
+    if settings.telegram_bot_token is None or not settings.token().strip():
+        raise ValueError("TELEGRAM_BOT_TOKEN is not set")
+    protect_token(settings.token())
+    builder = (
+        Application.builder()
+        .token(settings.token())
+        .defaults(
+            Defaults(
+                parse_mode=ParseMode.HTML, link_preview_options=LinkPreviewOptions(is_disabled=True)
+            )
+        )
+        .concurrent_updates(CONCURRENT_UPDATES)
+        .post_init(_post_init)
+        .post_shutdown(_post_shutdown)
+    )
+    if settings.telegram_api_base_url:
+        builder = builder.base_url(settings.telegram_api_base_url)
+    application = builder.build()
+    application.bot_data[SETTINGS] = settings
+    _add_handlers(application, settings)
+    application.add_error_handler(errors.on_error)
+    return application
+
+
+def _add_handlers(application: Application, settings: BotSettings) -> None:  # type: ignore[type-arg]
+    private = filters.ChatType.PRIVATE
+    operators = filters.User(user_id=settings.admin_telegram_ids) & private
+    # Group -1: money first, never behind anything else.
+    application.add_handler(PreCheckoutQueryHandler(payments.on_pre_checkout), group=-1)
+    application.add_handlers(
+        [
+            MessageHandler(filters.SUCCESSFUL_PAYMENT, payments.on_successful_payment),
+            MessageHandler(filters.StatusUpdate.REFUNDED_PAYMENT, payments.on_refunded_payment),
+            CommandHandler("start", start.start, filters=private),
+            CommandHandler("buy", shop.show_packs, filters=private),
+            CommandHandler("key", key.show_key, filters=private),
+            CommandHandler("balance", balance.show_balance, filters=private),
+            CommandHandler("help", support.show_help, filters=private),
+            CommandHandler("terms", support.show_terms),
+            CommandHandler("privacy", support.show_privacy),
+            CommandHandler("paysupport", support.pay_support, filters=private),
+            CommandHandler("stats", admin.stats, filters=operators),
+            CommandHandler("refund", admin.refund, filters=operators),
+            CommandHandler("grant", admin.grant, filters=operators),
+            CallbackQueryHandler(shop.on_accept_terms, pattern=keyboards.TERMS_PATTERN),
+            CallbackQueryHandler(shop.on_pack, pattern=keyboards.PACK_PATTERN),
+            CallbackQueryHandler(key.on_key_action, pattern=keyboards.KEY_PATTERN),
+            MessageHandler(filters.Text(list(keyboards.menu_labels())) & private, start.on_menu),
+            MessageHandler(filters.COMMAND & private, support.unknown_command),
+            MessageHandler(filters.TEXT & private, support.fallback),
+        ]
+    )
+
+
+async def _post_init(application: Application) -> None:  # type: ignore[type-arg]
+    """Open the database and schedule the jobs; announce the commands to Telegram."""
+    settings: BotSettings = application.bot_data[SETTINGS]
+    application.bot_data[RUNTIME] = Runtime(
+        settings=settings,
+        engine=make_engine(settings.database_url),
+        secret_key=settings.resolved_secret_key(),
+        catalog=settings.catalog(),
+    )
+    if application.job_queue is not None:
+        application.job_queue.run_repeating(
+            notices_job,
+            interval=settings.notice_interval_seconds,
+            first=FIRST_NOTICES_AFTER_S,
+            name="balance-notices",
+        )
+        application.job_queue.run_repeating(
+            reconcile_job,
+            interval=settings.reconcile_interval_seconds,
+            first=FIRST_RECONCILE_AFTER_S,
+            name="reconcile-stars",
+        )
+    await _set_commands(application, settings)
+
+
+async def _set_commands(application: Application, settings: BotSettings) -> None:  # type: ignore[type-arg]
+    try:
+        for lang in LANGUAGES:
+            await application.bot.set_my_commands(
+                [BotCommand(*item) for item in _COMMANDS[lang]],
+                language_code=None if lang == "en" else lang,
+            )
+        for admin_id in sorted(settings.admin_telegram_ids):
+            await application.bot.set_my_commands(
+                [BotCommand(*item) for item in _COMMANDS["en"] + _ADMIN_COMMANDS],
+                scope=BotCommandScopeChat(admin_id),
+            )
+    except TelegramError:
+        # An operator who never opened the bot has no chat yet; the bot works without menus.
+        logger.warning("could not set the bot's command menu", exc_info=True)
+
+
+async def _post_shutdown(application: Application) -> None:  # type: ignore[type-arg]
+    if RUNTIME in application.bot_data:
+        runtime_of(application.bot_data).engine.dispose()

@@ -1,0 +1,197 @@
+"""Payments: the pre-checkout answer, the successful payment, and the refunded payment.
+
+Money moves once. The pre-checkout query is answered from the database alone (Telegram allows
+10 seconds, and the handler runs in its own group ahead of every other). Tokens are credited
+only on the successful payment, keyed on the unique `telegram_payment_charge_id`, so a
+repeated update, a restart or a second worker never credits twice; a repeat only repeats the
+confirmation. A refund reverses a purchase once, however often it is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+
+from sqlmodel import Session
+from telegram import Bot, Update
+from telegram.ext import ContextTypes
+
+from billing import keys, ledger, purchases
+from billing.errors import OrderError, PurchaseNotFound
+from billing.purchases import check_order_payable, credit_order_payment
+from bot.alerts import tell_operators
+from bot.handlers.errors import order_refusal
+from bot.runtime import Runtime, lang, runtime
+from bot.texts import Lang, language_for, number, plain, snippet, t
+
+logger = logging.getLogger(__name__)
+
+PRE_CHECKOUT_BUDGET_S = 5.0  # well inside Telegram's 10 seconds, network included
+_ORDER_ID = re.compile(
+    r"^[A-Za-z0-9_-]{16,64}$"
+)  # what `create_order` makes; anything else is forged
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the buyer is told once tokens are credited."""
+
+    tokens: int
+    available: int
+    key: str | None  # shown on the first purchase (or when this credit issued the key)
+
+
+async def on_pre_checkout(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """Accept only an unexpired, unpaid order of this user at the same price and currency.
+    Always answers: an unexpected failure refuses the payment rather than leaving it hanging."""
+    query = update.pre_checkout_query
+    assert query is not None
+    language = language_for(query.from_user.language_code)
+    try:
+        refusal = await asyncio.wait_for(
+            _refusal(
+                runtime(context),
+                query.invoice_payload,
+                query.from_user.id,
+                query.total_amount,
+                query.currency,
+                language,
+            ),
+            timeout=PRE_CHECKOUT_BUDGET_S,
+        )
+    except Exception:
+        logger.exception("pre-checkout check failed; refusing the payment")
+        refusal = plain(language, "order_generic")
+    if refusal is None:
+        await query.answer(ok=True)
+    else:
+        logger.info("pre-checkout refused for user %s: %s", query.from_user.id, refusal)
+        await query.answer(ok=False, error_message=refusal)
+
+
+async def _refusal(
+    shop: Runtime, payload: str, telegram_id: int, amount: int, currency: str, language: Lang
+) -> str | None:
+    if not _ORDER_ID.match(payload):
+        return plain(language, "order_unknown")
+
+    def work(session: Session) -> None:
+        check_order_payable(
+            session=session,
+            order_id=payload,
+            telegram_id=telegram_id,
+            amount=amount,
+            currency=currency,
+        )
+
+    try:
+        await shop.read(work)
+    except OrderError as error:
+        return order_refusal(error, language)
+    return None
+
+
+async def on_successful_payment(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    message = update.effective_message
+    assert message is not None and message.successful_payment is not None
+    assert update.effective_user is not None
+    payment = message.successful_payment
+    shop = runtime(context)
+    telegram_id = update.effective_user.id
+
+    def work(session: Session) -> Delivery:
+        result = credit_order_payment(
+            session=session,
+            order_id=payment.invoice_payload,
+            telegram_id=telegram_id,
+            charge_id=payment.telegram_payment_charge_id,
+            provider_charge_id=payment.provider_payment_charge_id or None,
+        )
+        return delivery_for(session, shop, result.purchase.account_id, result.purchase.tokens)
+
+    try:
+        delivery = await shop.run(work)
+    except OrderError:
+        logger.exception("paid charge %s could not be credited", payment.telegram_payment_charge_id)
+        await tell_operators(
+            context.bot,
+            shop.settings,
+            t(
+                "en",
+                "operator_alert",
+                items=(
+                    f"charge {payment.telegram_payment_charge_id} of user {telegram_id} "
+                    f"({payment.total_amount} Stars, payload {payment.invoice_payload!r}) "
+                    "matches no order of theirs; not credited"
+                ),
+            ),
+        )
+        await message.reply_text(
+            t(lang(update), "payment_problem", charge_id=payment.telegram_payment_charge_id)
+        )
+        return
+    await deliver(context.bot, shop, message.chat_id, lang(update), delivery)
+
+
+def delivery_for(session: Session, shop: Runtime, account_id: int, tokens: int) -> Delivery:
+    """After a credit: the balance, and the key if this was the first purchase. Issuing the key
+    here, in the crediting transaction, means a paid buyer always has one."""
+    key, created = keys.ensure_key(
+        session=session, account_id=account_id, secret_key=shop.secret_key
+    )
+    first = len(purchases.recent_purchases(session=session, account_id=account_id, limit=2)) == 1
+    balance = ledger.get_balance(session=session, account_id=account_id)
+    return Delivery(tokens, balance.available, key if created or first else None)
+
+
+async def deliver(
+    bot: Bot, shop: Runtime, chat_id: int, language: Lang, delivery: Delivery
+) -> None:
+    await bot.send_message(
+        chat_id,
+        t(
+            language,
+            "payment_received",
+            tokens=number(language, delivery.tokens),
+            available=number(language, delivery.available),
+        ),
+    )
+    if delivery.key is not None:
+        setup = snippet(
+            language,
+            key=delivery.key,
+            base_url=shop.settings.public_api_base_url,
+            model=shop.settings.snippet_model,
+        )
+        await bot.send_message(chat_id, t(language, "payment_first_key", snippet=setup))
+
+
+async def on_refunded_payment(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """Telegram reports a refund (ours via /refund, or one made elsewhere): reverse it once."""
+    message = update.effective_message
+    assert message is not None and message.refunded_payment is not None
+    refund = message.refunded_payment
+    shop = runtime(context)
+
+    def work(session: Session) -> ledger.RefundResult:
+        return ledger.refund_purchase(session=session, charge_id=refund.telegram_payment_charge_id)
+
+    try:
+        result = await shop.run(work)
+    except PurchaseNotFound:
+        logger.warning("refund of unknown charge %s", refund.telegram_payment_charge_id)
+        return
+    if result.newly_refunded:
+        await message.reply_text(refund_notice(lang(update), result))
+
+
+def refund_notice(language: Lang, result: ledger.RefundResult) -> str:
+    return t(
+        language,
+        "refunded",
+        pack=result.purchase.pack_title,
+        price=result.purchase.price,
+        tokens=number(language, result.reversed_tokens),
+    )

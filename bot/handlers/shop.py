@@ -1,0 +1,97 @@
+"""Buying: the pack list, the one-tap terms acceptance, and the Stars invoice for a chosen pack.
+
+Choosing a pack creates an order (owner, pack snapshot, price, expiry) and the invoice carries
+only its opaque id as payload, so the pre-checkout check needs nothing from the invoice but that
+id, and a forged or replayed invoice cannot name a price of its own.
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+from telegram import LabeledPrice, Update
+from telegram.ext import ContextTypes
+
+from billing import accounts
+from billing.errors import UnknownPack
+from billing.models import Order
+from billing.packs import STARS_CURRENCY, find_pack
+from billing.purchases import create_order
+from bot import keyboards
+from bot.runtime import account_of, lang, runtime
+from bot.texts import number, plain, t
+
+INVOICE_TITLE_LIMIT = 32  # Telegram's limits for an invoice
+INVOICE_DESCRIPTION_LIMIT = 255
+
+
+async def show_packs(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """The packs, or first the terms if this buyer has not accepted them yet."""
+    assert update.effective_message is not None
+    account = await account_of(update, context)
+    language = lang(update)
+    if account.terms_accepted_at is None:
+        await update.effective_message.reply_text(
+            t(language, "terms_prompt"), reply_markup=keyboards.accept_terms(language)
+        )
+        return
+    await update.effective_message.reply_text(
+        t(language, "packs"), reply_markup=keyboards.packs(language, runtime(context).catalog)
+    )
+
+
+async def on_accept_terms(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    query = update.callback_query
+    assert query is not None
+    await query.answer()
+    account = await account_of(update, context)
+    assert account.id is not None
+    account_id = account.id
+
+    def work(session: Session) -> None:
+        accounts.accept_terms(session=session, account_id=account_id)
+
+    await runtime(context).run(work)
+    language = lang(update)
+    await query.edit_message_text(
+        t(language, "packs"), reply_markup=keyboards.packs(language, runtime(context).catalog)
+    )
+
+
+async def on_pack(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """A pack was tapped: create its order and send the Stars invoice."""
+    query = update.callback_query
+    assert query is not None and query.data is not None and update.effective_chat is not None
+    await query.answer()
+    shop = runtime(context)
+    language = lang(update)
+    try:
+        pack = find_pack(shop.catalog, query.data.removeprefix(keyboards.PACK))
+    except UnknownPack:
+        await query.edit_message_text(
+            t(language, "pack_unknown"), reply_markup=keyboards.packs(language, shop.catalog)
+        )
+        return
+    account = await account_of(update, context)
+    assert account.id is not None
+    account_id = account.id
+    if account.terms_accepted_at is None:
+        await show_packs(update, context)
+        return
+
+    def work(session: Session) -> Order:
+        return create_order(session=session, account_id=account_id, pack=pack)
+
+    order = await shop.run(work)
+    tokens = number(language, order.tokens)
+    await context.bot.send_invoice(
+        chat_id=update.effective_chat.id,
+        title=plain(language, "invoice_title", title=order.pack_title, tokens=tokens)[
+            :INVOICE_TITLE_LIMIT
+        ],
+        description=plain(language, "invoice_description", tokens=tokens)[
+            :INVOICE_DESCRIPTION_LIMIT
+        ],
+        payload=order.id,
+        currency=STARS_CURRENCY,
+        prices=[LabeledPrice(plain(language, "invoice_label", tokens=tokens), order.price)],
+    )

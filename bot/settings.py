@@ -1,0 +1,68 @@
+"""The bot's settings: the billing settings plus what talking to Telegram needs.
+
+One object per process, built from the environment (and `.env`) in `__main__` and handed to
+`build_application`, so tests build their own without touching the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+from billing.settings import BillingSettings
+
+_SECRET_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+
+
+class BotSettings(BillingSettings):
+    """Environment variables of `tokenshop bot` (see the README's configuration table)."""
+
+    telegram_bot_token: SecretStr | None = None
+    # A self-hosted Bot API server (or a test double), e.g. `http://localhost:8081/bot`.
+    # The token is appended, or put where `{token}` appears.
+    telegram_api_base_url: str | None = None
+    admin_telegram_ids: Annotated[frozenset[int], NoDecode] = frozenset()
+    public_api_base_url: str = "http://localhost:8000/v1"
+    snippet_model: str = "demo"  # the model named in the ready-to-paste snippet
+    support_contact: str = ""  # e.g. "@shop_support" or an e-mail address, shown by /paysupport
+
+    webhook_url: str | None = None  # set to run in webhook mode instead of long polling
+    webhook_secret_token: SecretStr | None = None  # required with WEBHOOK_URL
+    webhook_listen: str = "127.0.0.1"
+    webhook_port: int = 8443  # the local path served is WEBHOOK_URL's path
+
+    low_balance_tokens: int = Field(default=10_000, ge=0)  # 0: only the "ran out" notice
+    notice_interval_seconds: float = Field(default=60, gt=0)
+    reconcile_interval_seconds: float = Field(default=3600, gt=0)
+
+    @field_validator("admin_telegram_ids", mode="before")
+    @classmethod
+    def _split_ids(cls, value: Any) -> Any:
+        """`ADMIN_TELEGRAM_IDS=123,456` (commas or spaces), as an operator would write it."""
+        if isinstance(value, str):
+            parts = [part for part in re.split(r"[,\s]+", value.strip()) if part]
+            if not all(part.lstrip("-").isdigit() for part in parts):
+                raise ValueError("must be Telegram user ids separated by commas, e.g. 123,456")
+            return frozenset(int(part) for part in parts)
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_needs_secret(self) -> BotSettings:
+        if self.webhook_url:
+            secret = (
+                self.webhook_secret_token.get_secret_value() if self.webhook_secret_token else ""
+            )
+            if not _SECRET_TOKEN.match(secret):
+                raise ValueError(
+                    "WEBHOOK_SECRET_TOKEN (1-256 of A-Z, a-z, 0-9, _ and -) is required with "
+                    "WEBHOOK_URL, so that only Telegram can post updates"
+                )
+        return self
+
+    def token(self) -> str:
+        """The bot token; callers check `telegram_bot_token` first."""
+        assert self.telegram_bot_token is not None
+        return self.telegram_bot_token.get_secret_value()

@@ -1,0 +1,53 @@
+"""Steps that several stories share: accepting the terms and buying a pack end to end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlmodel import Session
+
+from billing.accounts import find_telegram_account
+from billing.models import Account
+from tests.bot.double import FakeTelegram, TelegramUser
+
+
+@dataclass(frozen=True)
+class Invoice:
+    payload: str
+    amount: int
+    currency: str
+
+
+async def order_pack(user: TelegramUser, telegram: FakeTelegram, pack: str = "starter") -> Invoice:
+    """Open the shop, accept the terms if asked, tap a pack: the invoice the bot sends."""
+    await user.send("/buy")
+    if "terms:accept" in str(telegram.last("sendMessage").get("reply_markup")):
+        await user.tap("terms:accept")
+    await user.tap(f"pack:{pack}")
+    invoice = telegram.last("sendInvoice")
+    return Invoice(invoice["payload"], invoice["prices"][0]["amount"], invoice["currency"])
+
+
+def pre_checkout_answer(telegram: FakeTelegram) -> tuple[bool, str | None]:
+    answer = telegram.last("answerPreCheckoutQuery")
+    return answer["ok"] == "true", answer.get("error_message")
+
+
+async def buy_pack(
+    user: TelegramUser, telegram: FakeTelegram, charge_id: str, pack: str = "starter"
+) -> Invoice:
+    """The whole purchase: invoice, pre-checkout accepted, payment delivered."""
+    invoice = await order_pack(user, telegram, pack)
+    await user.pre_checkout(invoice.payload, invoice.amount)
+    assert pre_checkout_answer(telegram) == (True, None)
+    await user.paid(invoice.payload, invoice.amount, charge_id)
+    return invoice
+
+
+def account_of(session: Session, user: TelegramUser) -> Account:
+    """The user's account as the database has it now (the test's read transaction is ended first,
+    so it sees what the bot committed since)."""
+    session.rollback()
+    account = find_telegram_account(session=session, telegram_id=user.id)
+    assert account is not None and account.id is not None
+    return account

@@ -1,0 +1,141 @@
+"""Engine fixtures: the committed demo model, and tiny models exported by optimum-onnx.
+
+Exports are made once per test session (a few seconds each) under pytest's session temp dir, from
+the same builders that make `models/demo/` (`models/make_demo.py`), so every architecture the
+exactness tests cover is produced by the real Optimum exporter, never by hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from api.engine.engine import LocalEngine
+from api.engine.protocol import GenerationOutput, GenerationRequest, SamplingParams
+from api.engine.scheduler import SchedulerLimits
+from api.engine.sequence import Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_DIR = ROOT / "models" / "demo"
+
+
+def load_make_demo() -> ModuleType:
+    """`models/make_demo.py` is a script, not a package module: load it by path."""
+    name = "tokenshop_make_demo"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "models" / "make_demo.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class TinyExport:
+    """A tiny model exported to ONNX, with its PyTorch original for comparisons."""
+
+    def __init__(self, arch: str, path: Path, model: Any, tokenizer: Any) -> None:
+        self.arch = arch
+        self.path = path
+        self.model = model
+        self.tokenizer = tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyExport]:
+    """Lazily exported tiny models, one per architecture, shared by the whole session."""
+    return _ExportCache(tmp_path_factory)
+
+
+class _ExportCache(dict):
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        super().__init__()
+        self._factory = factory
+        self._tokenizer: Any = None
+
+    def __missing__(self, arch: str) -> TinyExport:
+        make_demo = load_make_demo()
+        if self._tokenizer is None:
+            self._tokenizer = make_demo.train_tokenizer()
+        out = self._factory.mktemp(f"export-{arch}")
+        # A large init std makes next-token distributions peaked (top-2 logit gaps of 0.01-1),
+        # so greedy comparisons are not decided by float rounding between PyTorch and ORT.
+        model, tokenizer = make_demo.make_export(
+            arch, out, tokenizer=self._tokenizer, initializer_range=1.0
+        )
+        self[arch] = TinyExport(arch, out, model, tokenizer)
+        return self[arch]
+
+
+def make_engine(path: Path, **limits: Any) -> LocalEngine:
+    return LocalEngine(path.name, path, limits=SchedulerLimits(**limits), threads=1)
+
+
+@pytest.fixture
+async def demo_engine() -> AsyncIterator[LocalEngine]:
+    engine = make_engine(DEMO_DIR)
+    await engine.start()
+    yield engine
+    await engine.shutdown()
+
+
+async def collect(engine: LocalEngine, request: GenerationRequest) -> list[GenerationOutput]:
+    return [out async for out in engine.generate(request)]
+
+
+def greedy(request_id: str, prompt: list[int], max_tokens: int, **params: Any) -> GenerationRequest:
+    return GenerationRequest(
+        request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)
+    )
+
+
+class ImmediateLoop:
+    """Stands in for an event loop when a test drives `Scheduler.step()` itself."""
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any) -> None:
+        callback(*args)
+
+
+class ListQueue(list):
+    """Collects a sequence's deliveries in order."""
+
+    def put_nowait(self, item: Any) -> None:
+        self.append(item)
+
+
+def manual_sequence(engine: LocalEngine, request: GenerationRequest) -> Sequence:
+    return Sequence(
+        request=request,
+        tokenizer=engine.tokenizer,
+        eos_token_ids=engine.model.eos_token_ids,
+        context_length=engine.context_length,
+        loop=ImmediateLoop(),  # type: ignore[arg-type]
+        queue=ListQueue(),  # type: ignore[arg-type]
+    )
+
+
+def run_steps(
+    engine: LocalEngine, joins: dict[int, list[GenerationRequest]]
+) -> tuple[dict[str, list[GenerationOutput]], int]:
+    """Step the scheduler by hand; requests of `joins[k]` are queued before step k.
+
+    Returns each request's outputs and the largest batch a decode step ran.
+    """
+    sequences: dict[str, Sequence] = {}
+    step = largest = 0
+    last_join = max(joins)
+    while step <= last_join or any(not s.finished for s in sequences.values()):
+        for request in joins.get(step, []):
+            sequences[request.request_id] = manual_sequence(engine, request)
+            engine.scheduler.submit(sequences[request.request_id])
+        engine.scheduler.step()
+        largest = max(largest, engine.scheduler.last_batch_size)
+        step += 1
+    return {rid: list(s.queue) for rid, s in sequences.items()}, largest  # type: ignore[arg-type]

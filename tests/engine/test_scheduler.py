@@ -1,0 +1,182 @@
+"""The batching loop: requests end exactly as specified, join and leave between steps, and the
+limits hold. Most tests step the scheduler by hand, so joins and aborts land on known steps."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from api.engine.errors import ContextLengthExceeded, EngineDead, EngineOverloaded
+from api.engine.protocol import GenerationRequest, SamplingParams
+from api.engine.scheduler import END
+from tests.engine.conftest import DEMO_DIR, collect, greedy, make_engine, manual_sequence, run_steps
+
+PROMPT = [1, 355, 120, 987, 42, 7, 1500, 2, 1, 600]
+
+
+def tokens(outputs) -> list[int]:
+    return [t for o in outputs for t in o.token_ids]
+
+
+def demo_copy(tmp_path: Path, *, config: dict | None = None, generation: dict | None = None):
+    """The demo export with some config fields changed."""
+    path = tmp_path / "demo"
+    shutil.copytree(DEMO_DIR, path)
+    for name, changes in (("config.json", config), ("generation_config.json", generation)):
+        if changes:
+            data = json.loads((path / name).read_text())
+            data.update(changes)
+            (path / name).write_text(json.dumps(data))
+    return path
+
+
+def test_generation_stops_at_any_eos_id_of_generation_config(tmp_path: Path) -> None:
+    free, _ = run_steps(make_engine(DEMO_DIR), {0: [greedy("a", PROMPT, 12)]})
+    produced = tokens(free["a"])
+    assert len(set(produced[:4])) == 4 or produced[3] not in produced[:3]
+    engine = make_engine(demo_copy(tmp_path, generation={"eos_token_id": [9999, produced[3]]}))
+
+    outputs, _ = run_steps(engine, {0: [greedy("a", PROMPT, 12)]})
+
+    assert tokens(outputs["a"]) == produced[:4]
+    assert outputs["a"][-1].finish_reason == "stop" and outputs["a"][-1].completion_tokens == 4
+    text = "".join(o.text for o in outputs["a"])
+    assert text == engine.tokenizer.decode(produced[:3])
+
+
+def test_context_window_ends_generation_with_length(tmp_path: Path) -> None:
+    engine = make_engine(demo_copy(tmp_path, config={"max_position_embeddings": 16}))
+    assert engine.context_length == 16
+    outputs, _ = run_steps(
+        engine, {0: [greedy("a", PROMPT, 100), greedy("b", (PROMPT * 2)[:15], 100)]}
+    )
+    assert outputs["a"][-1].completion_tokens == 6 and outputs["a"][-1].finish_reason == "length"
+    assert outputs["b"][-1].completion_tokens == 1 and outputs["b"][-1].finish_reason == "length"
+
+
+@pytest.mark.anyio
+async def test_a_prompt_that_fills_the_context_window_is_refused(tmp_path: Path) -> None:
+    engine = make_engine(demo_copy(tmp_path, config={"max_position_embeddings": 10}))
+    with pytest.raises(ContextLengthExceeded) as error:
+        engine.generate(greedy("a", PROMPT, 5))
+    assert error.value.prompt_tokens == 10 and error.value.context_length == 10
+
+
+def sampled(request_id: str, seed: int | None, **params) -> GenerationRequest:
+    return GenerationRequest(
+        request_id,
+        PROMPT,
+        SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=seed, **params),
+    )
+
+
+def test_same_seed_gives_the_same_tokens_alone_or_in_a_batch() -> None:
+    alone, _ = run_steps(make_engine(DEMO_DIR), {0: [sampled("a", seed=7)]})
+    batched, _ = run_steps(
+        make_engine(DEMO_DIR),
+        {0: [sampled("x", seed=1)], 2: [sampled("a", seed=7), greedy("g", PROMPT[:3], 30)]},
+    )
+    other, _ = run_steps(make_engine(DEMO_DIR), {0: [sampled("a", seed=8)]})
+    assert tokens(alone["a"]) == tokens(batched["a"])
+    assert tokens(alone["a"]) != tokens(other["a"])
+
+
+def test_penalties_change_sampled_tokens_deterministically() -> None:
+    def run():
+        request = sampled("p", seed=3, presence_penalty=2.0, frequency_penalty=1.5)
+        return tokens(run_steps(make_engine(DEMO_DIR), {0: [request]})[0]["p"])
+
+    plain = tokens(run_steps(make_engine(DEMO_DIR), {0: [sampled("p", seed=3)]})[0]["p"])
+    assert run() == run() != plain
+
+
+def test_an_aborted_request_leaves_the_batch_at_the_next_step() -> None:
+    engine = make_engine(DEMO_DIR)
+    scheduler = engine.scheduler
+    a = manual_sequence(engine, greedy("a", PROMPT, 50))
+    b = manual_sequence(engine, greedy("b", PROMPT[:4], 50))
+    scheduler.submit(a)
+    scheduler.submit(b)
+    scheduler.step()
+    scheduler.step()
+    assert scheduler.last_batch_size == 2 and len(a.queue) == 3
+
+    scheduler.abort("a")
+    scheduler.step()
+
+    assert a.queue[-1] is END and len(a.queue) == 4
+    assert scheduler.last_batch_size == 1 and scheduler.counts() == (1, 0)
+    assert len(b.queue) == 4 and not b.finished
+
+
+def test_an_aborted_request_still_waiting_never_runs() -> None:
+    engine = make_engine(DEMO_DIR, max_active_sequences=1)
+    a = manual_sequence(engine, greedy("a", PROMPT, 5))
+    b = manual_sequence(engine, greedy("b", PROMPT, 5))
+    engine.scheduler.submit(a)
+    engine.scheduler.submit(b)
+    engine.scheduler.step()
+    engine.scheduler.abort("b")
+    engine.scheduler.step()
+    assert list(b.queue) == [END] and engine.scheduler.counts() == (1, 0)
+
+
+def test_max_active_sequences_keeps_the_rest_queued() -> None:
+    engine = make_engine(DEMO_DIR, max_active_sequences=2)
+    for name in "abc":
+        engine.scheduler.submit(manual_sequence(engine, greedy(name, PROMPT, 5)))
+    engine.scheduler.step()
+    assert engine.scheduler.counts() == (2, 1)
+
+
+@pytest.mark.anyio
+async def test_a_full_queue_raises_engine_overloaded() -> None:
+    engine = make_engine(DEMO_DIR, max_queued=2)  # not started: requests wait in the queue
+    engine.generate(greedy("a", PROMPT, 5))
+    engine.generate(greedy("b", PROMPT, 5))
+    with pytest.raises(EngineOverloaded):
+        engine.generate(greedy("c", PROMPT, 5))
+    assert engine.stats().queued_sequences == 2
+
+
+@pytest.mark.anyio
+async def test_closing_a_stream_early_aborts_its_request(demo_engine) -> None:
+    stream = demo_engine.generate(greedy("a", PROMPT, 1000))
+    first = await stream.__anext__()
+    assert first.completion_tokens == 1
+    await stream.aclose()
+    # The abort is taken before (or in) the step that admits "b", so once "b" is done, "a"
+    # (1000 tokens asked) is no longer in the batch.
+    outputs = await collect(demo_engine, greedy("b", PROMPT, 3))
+    assert outputs[-1].completion_tokens == 3
+    assert demo_engine.stats().active_sequences == 0
+
+
+@pytest.mark.anyio
+async def test_shutdown_ends_pending_streams_with_engine_dead() -> None:
+    engine = make_engine(DEMO_DIR)
+    stream = engine.generate(greedy("a", PROMPT, 5))  # queued before start, never run
+    await engine.shutdown()
+    with pytest.raises(EngineDead):
+        await stream.__anext__()
+    with pytest.raises(EngineDead):
+        await engine.check_health()
+    with pytest.raises(EngineDead):
+        engine.generate(greedy("b", PROMPT, 5))
+
+
+@pytest.mark.anyio
+async def test_logprobs_come_with_each_token(demo_engine) -> None:
+    request = GenerationRequest(
+        "l", PROMPT, SamplingParams(max_tokens=3, temperature=0, logprobs=True, top_logprobs=3)
+    )
+    outputs = await collect(demo_engine, request)
+    for output in outputs:
+        (entry,) = output.logprobs
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.token == entry.top_logprobs[0].token  # greedy picks the most likely
+        assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
