@@ -113,4 +113,7 @@ class Books:
         await self._run(lambda s: idempotency.give_up(session=s, account_id=account_id, key=key))
 
     async def ping(self) -> None:
-        await self._run(lambda s: s.execute(text("SELECT 1")), write=False)
+        """Raise if a hold could not be placed now. It takes the write lock (on SQLite, where a
+        reader gets through while another connection holds the database locked), because
+        serving needs to write: a database that only reads is not ready."""
+        await self._run(lambda s: s.execute(text("SELECT 1")), write=True)

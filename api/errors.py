@@ -12,6 +12,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.engine.chat_template import ChatTemplateError
@@ -31,6 +33,12 @@ from billing.errors import (
 )
 
 logger = logging.getLogger("tokenshop.api")
+
+# The database could not be reached or is busy (connection refused or reset, pool exhausted,
+# SQLite's "database is locked"): a moment's trouble, worth a retry, never the client's fault.
+# Other database errors (a constraint, bad SQL) are bugs and stay 500s.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
+DATABASE_RETRY_AFTER_SECONDS = 2
 
 
 class OpenAIError(Exception):
@@ -108,6 +116,25 @@ def internal_error() -> OpenAIError:
     )
 
 
+def database_unavailable() -> OpenAIError:
+    return OpenAIError(
+        503,
+        "The service is temporarily unable to reach its database. Please retry shortly; "
+        "nothing was charged for this request.",
+        type="server_error",
+        code="service_unavailable",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    )
+
+
+def describe_database_error(exc: BaseException) -> str:
+    """One log line for a database failure: the driver's error, never the SQL or its
+    parameters (which hold key hashes and account ids)."""
+    cause = getattr(exc, "orig", None) or exc
+    first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    return f"{type(cause).__name__}: {first_line}"[:300]
+
+
 def from_domain(exc: Exception) -> OpenAIError:
     """The OpenAI error for a domain error; anything unknown is a 500 without internals."""
     if isinstance(exc, OpenAIError):
@@ -139,6 +166,8 @@ def from_domain(exc: Exception) -> OpenAIError:
             code="overloaded",
             headers={"Retry-After": "1"},
         )
+    if isinstance(exc, DATABASE_UNAVAILABLE):
+        return database_unavailable()
     if isinstance(exc, EngineDead):
         return OpenAIError(503, "The model is not available right now.", type="server_error")
     if isinstance(exc, BillingError):
@@ -175,6 +204,18 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ChatTemplateError)
     async def _template(_: Request, exc: ChatTemplateError) -> JSONResponse:
         return from_domain(exc).response()
+
+    async def _database(request: Request, exc: Exception) -> JSONResponse:
+        logger.warning(
+            "database unavailable on %s %s: %s",
+            request.method,
+            request.url.path,
+            describe_database_error(exc),
+        )
+        return database_unavailable().response()
+
+    for error_type in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(error_type, _database)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

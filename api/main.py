@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from api.books import Books
 from api.engine.protocol import EngineClient
-from api.errors import install_error_handlers
+from api.errors import DATABASE_UNAVAILABLE, describe_database_error, install_error_handlers
 from api.limits import ConcurrencyLimiter
 from api.logging import configure_logging
 from api.metrics import Metrics
@@ -66,6 +66,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             sweeper.cancel()
             with suppress(asyncio.CancelledError):
                 await sweeper
+            await chat_service.finish_settling(within=5)
             for engine in engine_map.values():
                 await engine.shutdown()
             db.dispose()
@@ -101,6 +102,10 @@ async def _sweep_forever(books: Books, every: float) -> None:
             resolved = await books.sweep()
             if resolved:
                 logger.info("released %d stale hold(s)", resolved)
+        except DATABASE_UNAVAILABLE as exc:
+            logger.warning(
+                "hold sweep failed, retrying in %.0f s: %s", every, describe_database_error(exc)
+            )
         except Exception:
             logger.exception("hold sweep failed; retrying in %.0f s", every)
         await asyncio.sleep(every)

@@ -5,6 +5,9 @@ WAL so readers do not block the writer, a busy timeout so a writer waits instead
 "database is locked", and `BEGIN IMMEDIATE` so a transaction takes the write lock when it starts
 rather than upgrading a read lock later (the upgrade is what deadlocks). SQLAlchemy's pysqlite
 recipe: turn off the driver's own transaction handling and emit BEGIN ourselves.
+
+The busy timeout is 30 s unless the URL says otherwise with the driver's own parameter
+(`sqlite:///tokenshop.db?timeout=5`, in seconds): past it a request gets a clean 503.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 def _make_sqlite_engine(url: str, **kwargs: Any) -> Engine:
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("check_same_thread", False)
-    connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+    in_url = make_url(url).query.get("timeout")
+    timeout = float(in_url if isinstance(in_url, str) else SQLITE_BUSY_TIMEOUT_MS / 1000)
+    connect_args.setdefault("timeout", timeout)
+    busy_timeout_ms = int(float(connect_args["timeout"]) * 1000)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
     in_memory = make_url(url).database in (None, "", ":memory:")
 
@@ -41,7 +47,7 @@ def _make_sqlite_engine(url: str, **kwargs: Any) -> Engine:
         cursor = dbapi_connection.cursor()
         if not in_memory:
             cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 

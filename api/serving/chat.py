@@ -4,10 +4,16 @@ Money first: the hold is placed before any byte of the answer is sent, the gener
 to what the hold covers, long generations checkpoint their usage, and the hold is settled with
 the real usage whatever happens (done, error, client gone), under a cancel shield so a
 disconnect cannot skip it.
+
+When the database is unreachable, generation is never the thing that gives: a failed checkpoint
+is logged and the stream goes on (the hold still caps it), and a failed settlement is retried in
+the background until it lands, so the whole generation is billed once the database is back. Only
+if this process dies before then does the sweeper bill the last checkpoint instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import secrets
@@ -22,7 +28,12 @@ from anyio import to_thread
 from api.books import Books
 from api.engine.errors import ContextLengthExceeded
 from api.engine.protocol import EngineClient, GenerationOutput, GenerationRequest
-from api.errors import from_domain, model_not_found
+from api.errors import (
+    DATABASE_UNAVAILABLE,
+    describe_database_error,
+    from_domain,
+    model_not_found,
+)
 from api.limits import ConcurrencyLimiter
 from api.metrics import Metrics
 from api.protocol import (
@@ -44,6 +55,9 @@ from api.settings import ApiSettings
 from billing.idempotency import body_hash
 
 logger = logging.getLogger("tokenshop.api")
+
+SETTLE_RETRY_FIRST_SECONDS = 0.25
+SETTLE_RETRY_MAX_SECONDS = 5.0
 
 
 @dataclass
@@ -87,6 +101,7 @@ class PreparedChat:
     accepted_at: float = field(default_factory=time.monotonic)
     closed: bool = False
     last_checkpoint: float = field(default_factory=time.monotonic)
+    events: AsyncGenerator[str] | None = None  # the SSE stream, once started
 
 
 def cost_of(tokens: int, price: float) -> int:
@@ -109,6 +124,7 @@ class ChatService:
         self.metrics = metrics
         self.settings = settings
         self.prices = settings.prices()
+        self._settling: set[asyncio.Task[None]] = set()
 
     async def prepare(self, request: ChatCompletionRequest, account_id: int) -> PreparedChat:
         """Validate, tokenize and hold; raises an error the client gets as an HTTP status."""
@@ -176,9 +192,9 @@ class ChatService:
                 logprobs[index].extend(_logprobs(output))
                 if output.finished:
                     finish[index] = output.finish_reason or "stop"
-            await self.close(prepared)
+            await self._settle(prepared)
         finally:
-            await self._close_shielded(prepared)
+            await self._settle_shielded(prepared)
         return ChatCompletion(
             id=prepared.id,
             created=prepared.created,
@@ -206,9 +222,10 @@ class ChatService:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await outputs.aclose()
-            await self._close_shielded(prepared)
+            await self._settle_shielded(prepared)
             raise
-        return self._stream(prepared, outputs, first)
+        prepared.events = self._stream(prepared, outputs, first)
+        return prepared.events
 
     async def _stream(
         self, prepared: PreparedChat, outputs: AsyncGenerator[Any], first: Any
@@ -230,7 +247,7 @@ class ChatService:
                     item = await anext(outputs)
                 except StopAsyncIteration:
                     break
-            await self.close(prepared)
+            await self._settle(prepared)
             if prepared.include_usage:
                 yield self._chunk(prepared, None, usage=prepared.tally.usage())
         except Exception as exc:  # the status line is gone: report in-band
@@ -241,7 +258,7 @@ class ChatService:
         finally:
             with anyio.CancelScope(shield=True):
                 await outputs.aclose()
-            await self._close_shielded(prepared)
+            await self._settle_shielded(prepared)
         yield "data: [DONE]\n\n"
 
     def _events(self, prepared: PreparedChat, index: int, output: GenerationOutput) -> list[str]:
@@ -337,34 +354,101 @@ class ChatService:
         now = time.monotonic()
         if now - prepared.last_checkpoint >= self.settings.checkpoint_seconds:
             prepared.last_checkpoint = now
-            await self.books.checkpoint(prepared.id, prepared.tally.cost())
+            try:
+                await self.books.checkpoint(prepared.id, prepared.tally.cost())
+            except DATABASE_UNAVAILABLE as exc:  # the hold still caps it; settling bills it all
+                logger.warning(
+                    "checkpoint of %s failed, generation goes on: %s",
+                    prepared.id,
+                    describe_database_error(exc),
+                )
+                # the next try waits a full interval after this one gave up, so a database
+                # that times out does not stall the stream on every output
+                prepared.last_checkpoint = time.monotonic()
 
     async def close(self, prepared: PreparedChat) -> None:
-        """Settle the hold with what was generated (release it if nothing was), once."""
+        """End the request: stop its SSE stream if the server left it suspended (the client
+        went away while a write was waiting, so nothing resumed the generator to run its
+        `finally`), then settle. The route runs this after every streaming response, so
+        generation stops and the bill is final without waiting for garbage collection."""
+        events, prepared.events = prepared.events, None
+        if events is not None:
+            with anyio.CancelScope(shield=True):
+                await events.aclose()
+        await self._settle_shielded(prepared)
+
+    async def _settle(self, prepared: PreparedChat) -> None:
+        """Settle the hold with what was generated (release it if nothing was), once. If the
+        database is unreachable, keep trying in the background (see the module docstring)."""
         if prepared.closed:
             return
         prepared.closed = True
         self.limiter.release(prepared.account_id)
-        tally = prepared.tally
         try:
-            if tally.completion_tokens == 0:
-                await self.books.release(prepared.id)
-            else:
-                await self.books.settle(
-                    prepared.id,
-                    cost=tally.cost(),
-                    prompt_tokens=tally.prompt_tokens,
-                    completion_tokens=tally.completion_tokens,
-                )
+            await self._resolve_hold(prepared)
+        except DATABASE_UNAVAILABLE as exc:
+            logger.warning(
+                "could not settle %s, retrying: %s", prepared.id, describe_database_error(exc)
+            )
+            task = asyncio.get_running_loop().create_task(self._settle_later(prepared))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+            return
         except Exception:
             # The hold stays open with its last checkpoint; the sweeper resolves it.
             logger.exception("could not settle %s; the sweeper will", prepared.id)
             return
         self._observe(prepared)
 
-    async def _close_shielded(self, prepared: PreparedChat) -> None:
+    async def _resolve_hold(self, prepared: PreparedChat) -> None:
+        tally = prepared.tally
+        if tally.completion_tokens == 0:
+            await self.books.release(prepared.id)
+        else:
+            await self.books.settle(
+                prepared.id,
+                cost=tally.cost(),
+                prompt_tokens=tally.prompt_tokens,
+                completion_tokens=tally.completion_tokens,
+            )
+
+    async def _settle_later(self, prepared: PreparedChat) -> None:
+        """Retry a settlement with capped backoff until the database takes it. A settlement is
+        idempotent (the hold resolves once), so racing the sweeper cannot bill twice."""
+        delay = SETTLE_RETRY_FIRST_SECONDS
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._resolve_hold(prepared)
+            except DATABASE_UNAVAILABLE:
+                delay = min(delay * 2, SETTLE_RETRY_MAX_SECONDS)
+                continue
+            except Exception:
+                logger.exception("could not settle %s; the sweeper will", prepared.id)
+                return
+            logger.info("settled %s after the database came back", prepared.id)
+            self._observe(prepared)
+            return
+
+    @property
+    def settlements_pending(self) -> int:
+        """Settlements waiting for the database (shown by /ready)."""
+        return len(self._settling)
+
+    async def finish_settling(self, within: float) -> None:
+        """At shutdown: give pending settlements a last chance, then leave them to the
+        sweeper of the next process (which bills their last checkpoint)."""
+        if not self._settling:
+            return
+        _, left = await asyncio.wait(set(self._settling), timeout=within)
+        for task in left:
+            task.cancel()
+        if left:
+            logger.warning("%d settlement(s) left to the sweeper at shutdown", len(left))
+
+    async def _settle_shielded(self, prepared: PreparedChat) -> None:
         with anyio.CancelScope(shield=True):
-            await self.close(prepared)
+            await self._settle(prepared)
 
     def _observe(self, prepared: PreparedChat) -> None:
         tally = prepared.tally

@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 from sqlmodel import Session
 
+from api.engine.protocol import EngineClient
 from api.main import create_app
 from api.settings import ApiSettings
 from tests.conftest import TEST_SECRET_KEY
@@ -33,9 +34,15 @@ def free_port() -> int:
 class LiveServer:
     """uvicorn in a thread of the test process, stopped when the test ends."""
 
-    def __init__(self, settings: ApiSettings, **uvicorn_options: Any) -> None:
+    def __init__(
+        self,
+        settings: ApiSettings,
+        *,
+        engines: dict[str, EngineClient] | None = None,
+        **uvicorn_options: Any,
+    ) -> None:
         self.port = free_port()
-        self.app = create_app(settings)
+        self.app = create_app(settings, engines=engines)
         uvicorn_options.setdefault("log_level", "warning")
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, lifespan="on", **uvicorn_options
@@ -78,11 +85,12 @@ def api_settings(database_url: str, tmp_path: Path) -> ApiSettings:
 
 @pytest.fixture
 def start_server(engine, api_settings: ApiSettings) -> Iterator[Callable[..., LiveServer]]:
-    """Start a server, optionally with settings changed: `start_server(max_queued=0)`."""
+    """Start a server, optionally with settings changed: `start_server(max_queued=0)`, or with
+    engines of the test's making instead of `settings.models`: `start_server(engines={...})`."""
     servers: list[LiveServer] = []
 
-    def start(**changes: Any) -> LiveServer:
-        server = LiveServer(api_settings.model_copy(update=changes)).__enter__()
+    def start(*, engines: dict[str, EngineClient] | None = None, **changes: Any) -> LiveServer:
+        server = LiveServer(api_settings.model_copy(update=changes), engines=engines).__enter__()
         servers.append(server)
         return server
 
