@@ -59,6 +59,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             chat=chat_service,
             metrics=metrics,
         )
+        await _sweep_once(books)  # a restart resolves what a crash left before serving
         sweeper = asyncio.create_task(_sweep_forever(books, settings.sweep_seconds))
         try:
             yield
@@ -95,20 +96,27 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
     return await to_thread.run_sync(load_engines, settings.models, config)
 
 
+async def _sweep_once(books: Books) -> None:
+    """Resolve expired holds: those of a crashed process, whose last checkpoint pushed their
+    expiry no further. Only expired ones: with several workers on one database, a hold that
+    has not expired may belong to a live request of another process."""
+    try:
+        resolved = await books.sweep()
+    except DATABASE_UNAVAILABLE as exc:
+        logger.warning("hold sweep failed: %s", describe_database_error(exc))
+    except Exception:
+        logger.exception("hold sweep failed")
+    else:
+        if resolved:
+            logger.info("released %d stale hold(s)", resolved)
+
+
 async def _sweep_forever(books: Books, every: float) -> None:
-    """Resolve holds left by crashed workers: once at start-up, then periodically."""
+    """Keep sweeping: holds of a crashed process expire `hold_ttl_seconds` after their last
+    checkpoint, while this process runs."""
     while True:
-        try:
-            resolved = await books.sweep()
-            if resolved:
-                logger.info("released %d stale hold(s)", resolved)
-        except DATABASE_UNAVAILABLE as exc:
-            logger.warning(
-                "hold sweep failed, retrying in %.0f s: %s", every, describe_database_error(exc)
-            )
-        except Exception:
-            logger.exception("hold sweep failed; retrying in %.0f s", every)
         await asyncio.sleep(every)
+        await _sweep_once(books)
 
 
 def app_from_environment() -> FastAPI:
