@@ -19,6 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from api.engine.errors import ModelLoadError
+from api.engine.last_logits import slice_last_position
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.json"
@@ -137,6 +138,22 @@ def eos_ids_of(generation_config: dict[str, Any], config: dict[str, Any]) -> fro
     return frozenset()
 
 
+def _graph_source(model_file: Path) -> tuple[str | bytes, bool]:
+    """The graph for ONNX Runtime: edited to compute last-position logits when `onnx` is there
+    and the edit applies (see `last_logits.py`), else the file as exported. The flag says which."""
+    try:
+        import onnx
+    except ImportError:
+        return str(model_file), False
+    try:
+        proto = onnx.load(str(model_file), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a readable graph: ONNX Runtime names the fault below
+        return str(model_file), False
+    if not slice_last_position(proto):
+        return str(model_file), False
+    return proto.SerializeToString(), True
+
+
 class OnnxCausalLM:
     """One ONNX Runtime session of a decoder-with-past graph, plus the facts read from config."""
 
@@ -154,10 +171,13 @@ class OnnxCausalLM:
         if threads:
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
+        # The graph may be handed over as edited bytes: its external weights are in `path`.
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(path)
+        )
+        source, self.last_position_only = _graph_source(model_file)
         try:
-            self.session = ort.InferenceSession(
-                str(model_file), options, providers=["CPUExecutionProvider"]
-            )
+            self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
             raise ModelLoadError(
                 f"{model_file}: ONNX Runtime cannot load it (or its external data file "

@@ -26,7 +26,7 @@ class EngineConfig:
     max_active_sequences: int = 16  # sequences decoded together in one step
     max_queued: int = 64  # waiting requests beyond that; more raise EngineOverloaded
     threads: int | None = None  # ONNX Runtime intra-op threads (None: one per physical core)
-    max_prefill_tokens: int = 4096  # prompt tokens prefilled per scheduler iteration
+    max_prefill_tokens: int = 256  # prompt tokens prefilled per iteration (longer prompts: chunks)
 
     @property
     def limits(self) -> SchedulerLimits:

@@ -1,9 +1,11 @@
 """The batching loop: one thread per model owns the batch (TGI's `batching_task`, vLLM's core).
 
-Each iteration: take aborts and newly queued requests under a lock; drop aborted sequences; prefill
-the admitted ones (one graph call each, their first token sampled right away) and join their caches
-to the batch; run ONE batched decode call that adds a token to every active sequence; sample all
-rows at once; hand each request its delta; filter out finished sequences. ONNX Runtime releases the
+Each iteration: take aborts and newly queued requests under a lock; drop aborted sequences; spend
+at most `max_prefill_tokens` prompt tokens on prefill (`prefill.py`: short prompts whole and
+batched, a long one in chunks over several iterations), sampling a request's first token when its
+prompt is complete and joining its cache to the batch; run ONE batched decode call that adds a
+token to every active sequence; sample all rows at once; hand each request its delta; filter out
+finished sequences. ONNX Runtime releases the
 GIL while it runs, so the asyncio loop stays responsive; results cross to it with
 `loop.call_soon_threadsafe`, once per loop per step, so the event loop never waits on this thread.
 """
@@ -22,6 +24,7 @@ import numpy as np
 from api.engine.batch import KVCache
 from api.engine.errors import EngineDead, EngineOverloaded
 from api.engine.model import OnnxCausalLM
+from api.engine.prefill import Prefill, PrefillCall, plan_prefill
 from api.engine.protocol import GenerationOutput
 from api.engine.sampling import sample
 from api.engine.sequence import Sequence
@@ -37,9 +40,9 @@ Delivery = GenerationOutput | BaseException | None
 class SchedulerLimits:
     max_active_sequences: int = 16
     max_queued: int = 64
-    # Prompt tokens prefilled per iteration beyond the first admitted request, so a burst of long
-    # prompts delays the running streams by a bounded amount.
-    max_prefill_tokens: int = 4096
+    # Prompt tokens prefilled per iteration (a longer prompt is prefilled in chunks of this size),
+    # so a long prompt delays each token of the running streams by a bounded amount.
+    max_prefill_tokens: int = 256
 
 
 class Scheduler:
@@ -55,6 +58,7 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._active: list[Sequence] = []
+        self._prefilling: list[Prefill] = []
         self._cache: KVCache | None = None
         self.error: BaseException | None = None
         self.steps = 0
@@ -100,8 +104,9 @@ class Scheduler:
             self._cond.notify()
 
     def counts(self) -> tuple[int, int]:
+        """(admitted: prefilling or decoding, still queued)."""
         with self._cond:
-            return len(self._active), len(self._waiting)
+            return len(self._active) + len(self._prefilling), len(self._waiting)
 
     def _dead_message(self) -> str:
         if self.error is not None:
@@ -124,20 +129,24 @@ class Scheduler:
         """End every queued and running request with `EngineDead`."""
         with self._cond:
             self._stopping = True
-            pending = list(self._waiting) + self._active
+            pending = list(self._waiting) + [p.seq for p in self._prefilling] + self._active
             self._waiting.clear()
+            self._prefilling = []
             self._active = []
         self._cache = None
         self._deliver([(s, EngineDead(self._dead_message())) for s in pending])
 
     def _wait_for_work(self) -> bool:
         with self._cond:
-            while not (self._stopping or self._waiting or self._active or self._aborted):
+            while not (
+                self._stopping or self._waiting or self._prefilling or self._active or self._aborted
+            ):
                 self._cond.wait()
             return not self._stopping
 
     def step(self) -> None:
-        """One iteration: aborts, admissions with their prefill, one decode step, filtering.
+        """One iteration: aborts, admissions, prefill within the token budget, one decode step,
+        filtering.
 
         The loop thread calls it whenever there is work; tests call it directly to place joins
         at exact steps.
@@ -149,23 +158,17 @@ class Scheduler:
                 for seq in [s for s in self._waiting if s.request_id in aborted]:
                     self._waiting.remove(seq)
                     deliveries.append((seq, END))
-            admitted = self._admit()
+                for item in [p for p in self._prefilling if p.seq.request_id in aborted]:
+                    self._prefilling.remove(item)
+                    deliveries.append((item.seq, END))
+            self._prefilling.extend(Prefill(seq) for seq in self._admit())
         for seq in self._active:
             if seq.request_id in aborted:
                 seq.aborted = True
                 deliveries.append((seq, END))
         self._filter()
 
-        joining = [self._cache] if self._cache is not None else []
-        for group in self._prefill_groups(admitted):
-            cache, outputs = self._prefill(group)
-            deliveries.extend(zip(group, outputs, strict=True))
-            keep = [i for i, seq in enumerate(group) if not seq.finished]
-            if keep:
-                self._active.extend(group[i] for i in keep)
-                joining.append(cache.filter(keep) if len(keep) < len(group) else cache)
-        if joining:
-            self._cache = KVCache.concat(joining)
+        deliveries.extend(self._run_prefills())
         self._deliver(deliveries)
         deliveries = []
 
@@ -176,36 +179,62 @@ class Scheduler:
         self._deliver(deliveries)
 
     def _admit(self) -> list[Sequence]:
-        """Pop queued requests that fit (caller holds the lock)."""
-        admitted: list[Sequence] = []
-        tokens = 0
-        room = self.limits.max_active_sequences - len(self._active)
-        while self._waiting and len(admitted) < room:
-            nxt = self._waiting[0]
-            if admitted and tokens + nxt.prompt_len > self.limits.max_prefill_tokens:
-                break
-            admitted.append(self._waiting.popleft())
-            tokens += nxt.prompt_len
-        return admitted
+        """Pop queued requests while there is room in the batch (caller holds the lock)."""
+        room = self.limits.max_active_sequences - len(self._active) - len(self._prefilling)
+        return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
-    def _prefill_groups(self, admitted: list[Sequence]) -> list[list[Sequence]]:
-        """Split admitted requests into prefill calls. Prompts are left-padded to the longest of
-        their group, so a group's padded size is kept within the prefill token budget; graphs
-        that cannot mask padding (see `_decode`) only group prompts of equal length."""
-        groups: list[list[Sequence]] = []
-        for seq in sorted(admitted, key=lambda s: s.prompt_len):
-            if groups:
-                group = groups[-1]
-                width = max(seq.prompt_len, group[-1].prompt_len)
-                fits = width * (len(group) + 1) <= self.limits.max_prefill_tokens
-                if fits and (self._batched_decode or seq.prompt_len == group[-1].prompt_len):
-                    group.append(seq)
-                    continue
-            groups.append([seq])
-        return groups
+    def _run_prefills(self) -> list[tuple[Sequence, Delivery]]:
+        """This iteration's prefill calls; completed prompts get their first token and join."""
+        deliveries: list[tuple[Sequence, Delivery]] = []
+        joining = [self._cache] if self._cache is not None else []
+        calls = plan_prefill(
+            self._prefilling, self.limits.max_prefill_tokens, pad=self._batched_decode
+        )
+        for call in calls:
+            if not call.completes:
+                self._forward_chunk(call.group[0], call.tokens)
+                continue
+            group = [p.seq for p in call.group]
+            cache, outputs = self._prefill(call)
+            with self._cond:
+                for item in call.group:
+                    self._prefilling.remove(item)
+            deliveries.extend(zip(group, outputs, strict=True))
+            keep = [i for i, seq in enumerate(group) if not seq.finished]
+            if keep:
+                self._active.extend(group[i] for i in keep)
+                joining.append(cache.filter(keep) if len(keep) < len(group) else cache)
+        if joining:
+            self._cache = KVCache.concat(joining)
+        return deliveries
 
-    def _prefill(self, group: list[Sequence]) -> tuple[KVCache, list[GenerationOutput]]:
-        """One graph call for the prompts of `group`; each gets its first token."""
+    def _forward_chunk(self, item: Prefill, tokens: int) -> np.ndarray:
+        """Run the next `tokens` prompt tokens of `item` on top of the KV cache of the ones before;
+        return the last position's logits."""
+        end = item.done + tokens
+        ids = np.array([item.seq.request.prompt_token_ids[item.done : end]], np.int64)
+        mask = np.ones((1, end), np.int64)
+        positions = np.arange(item.done, end, dtype=np.int64)[None]
+        past = item.cache.past if item.cache is not None else self.model.empty_past(1)
+        logits, presents = self.model.forward(ids, mask, positions, past)
+        item.cache = KVCache.from_prefill(presents, end)
+        item.done = end
+        return logits
+
+    def _prefill(self, call: PrefillCall) -> tuple[KVCache, list[GenerationOutput]]:
+        """Complete the prompts of `call`, in one graph call; each gets its first token."""
+        group = [p.seq for p in call.group]
+        if call.group[0].done:  # the last chunk of a prompt prefilled in chunks
+            logits = self._forward_chunk(call.group[0], call.tokens)
+            cache = call.group[0].cache
+            assert cache is not None
+        else:
+            logits, cache = self._prefill_whole(group)
+        choices = sample(logits, [s.sampler for s in group])
+        return cache, [s.append(c) for s, c in zip(group, choices, strict=True)]
+
+    def _prefill_whole(self, group: list[Sequence]) -> tuple[np.ndarray, KVCache]:
+        """Prompts of `group` from scratch, left-padded to the longest, in one graph call."""
         lengths = np.array([s.prompt_len for s in group], np.int64)
         width = int(lengths.max())
         ids = np.zeros((len(group), width), np.int64)
@@ -219,13 +248,11 @@ class Scheduler:
         logits, presents = self.model.forward(
             ids, mask, positions, self.model.empty_past(len(group))
         )
-        choices = sample(logits, [s.sampler for s in group])
-        outputs = [s.append(c) for s, c in zip(group, choices, strict=True)]
         for row, length in enumerate(lengths.tolist()):
             if length < width:  # padding rows attended to nothing: keep no NaN or garbage around
                 for array in presents:
                     array[row, :, : width - length, :] = 0
-        return KVCache(past=presents, mask=mask, lengths=lengths), outputs
+        return logits, KVCache(past=presents, mask=mask, lengths=lengths)
 
     def _decode(self) -> list[tuple[Sequence, GenerationOutput]]:
         """One decode step for every active sequence, in one graph call when the graph allows."""

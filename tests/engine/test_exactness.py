@@ -116,3 +116,21 @@ async def test_concurrent_streams_on_the_scheduler_thread_match_transformers(tin
         await engine.shutdown()
     for i, prompt in enumerate(prompts):
         assert_same_tokens(export, prompt, results[i], transformers_greedy(export, prompt, 16))
+
+
+def test_a_prompt_prefilled_in_chunks_gives_the_tokens_of_an_unchunked_prefill(
+    export: TinyExport,
+) -> None:
+    """Chunks of 7 tokens carry the KV cache between graph calls; a short prompt that joins
+    while the long one is part-way through waits its turn and decodes beside it."""
+    long_prompt = random_prompt(export, 40, seed=5)
+    short_prompt = random_prompt(export, 6, seed=6)
+    plan = {0: [greedy("long", long_prompt, 12)], 2: [greedy("short", short_prompt, 10)]}
+
+    chunked, _ = run_steps(make_engine(export.path, max_prefill_tokens=7), plan)
+    whole, _ = run_steps(make_engine(export.path, max_prefill_tokens=64), plan)
+
+    for name, prompt, max_tokens in (("long", long_prompt, 12), ("short", short_prompt, 10)):
+        assert tokens_of(chunked[name]) == tokens_of(whole[name])
+        want = transformers_greedy(export, prompt, max_tokens)
+        assert_same_tokens(export, prompt, tokens_of(chunked[name]), want)

@@ -180,3 +180,24 @@ async def test_logprobs_come_with_each_token(demo_engine) -> None:
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
         assert entry.token == entry.top_logprobs[0].token  # greedy picks the most likely
         assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+
+
+def test_a_running_stream_gets_a_token_after_every_chunk_of_a_long_prompt() -> None:
+    engine = make_engine(DEMO_DIR, max_prefill_tokens=8)
+    scheduler = engine.scheduler
+    running = manual_sequence(engine, greedy("running", PROMPT[:6], 50))
+    scheduler.submit(running)
+    scheduler.step()
+    long_prompt = (PROMPT * 4)[:37]  # 5 chunks of at most 8 tokens
+    joining = manual_sequence(engine, greedy("long", long_prompt, 5))
+    scheduler.submit(joining)
+
+    timeline = []
+    for _ in range(5):
+        scheduler.step()
+        timeline.append((len(running.queue), len(joining.queue)))
+
+    # Four chunks leave the long prompt without a token while the stream gains one per step;
+    # the fifth completes it: its first token, then the decode step that both share.
+    assert timeline == [(3, 0), (4, 0), (5, 0), (6, 0), (7, 2)]
+    assert scheduler.counts() == (2, 0) and scheduler.last_batch_size == 2

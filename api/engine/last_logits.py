@@ -1,0 +1,100 @@
+"""A load-time graph edit: compute logits for the last position only.
+
+An Optimum decoder returns logits [batch, seq, vocab] for every input position, but generation
+reads only the last one. At prefill that is the LM head applied to every prompt token: on a
+Qwen2.5-0.5B-shaped model 28% of the prefill FLOPs (FACTS.md), plus a `seq x vocab` float
+tensor (311 MB for a 512-token prompt) written and returned. ONNX Runtime cannot skip unused
+work, so the graph itself is changed: a `Slice` keeps the last position of the hidden state that
+feeds the head.
+
+The edit is exact because everything from that hidden state to `logits` works position by
+position: the head (`MatMul`, or `MatMulNBits` after int4 quantization), then element-wise ops
+with constant operands (a `Cast`, gemma-style soft-capping). Any other shape of graph is left
+alone (`slice_last_position` returns False) and the engine reads `logits[:, -1]` as before: so is
+an int8 `MatMulInteger` head, whose dynamic activation scale spans every position it is given.
+
+Only the graph proto is read (no weights): the edited bytes are handed to ONNX Runtime, which
+finds external weight files through the model dir. `onnx` is part of the export extra; without it
+the graph is served unedited.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+_HEADS = {"MatMul", "MatMulNBits"}
+# Ops that act on each position on their own when their other operands are constants.
+_PER_POSITION = {"Cast", "Identity", "Mul", "Div", "Add", "Sub", "Tanh"}
+_PREFIX = "tokenshop_last_position"
+
+
+def slice_last_position(model: onnx.ModelProto) -> bool:
+    """Edit `model` in place so `logits` covers the last position; False if it cannot be done."""
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = {init.name for init in graph.initializer} | {
+        out for node in graph.node if node.op_type == "Constant" for out in node.output
+    }
+    logits = next((o for o in graph.output if o.name == "logits"), None)
+    if logits is None or len(logits.type.tensor_type.shape.dim) != 3:
+        return False
+    head = _head_of(producers.get("logits"), producers, constants)
+    if head is None:
+        return False
+    hidden = head.input[0]
+    if hidden in constants or _feeds_others(graph, hidden, head):
+        return False
+    _insert_slice(model, head, hidden)
+    logits.type.tensor_type.shape.dim[1].Clear()
+    logits.type.tensor_type.shape.dim[1].dim_value = 1
+    return True
+
+
+def _head_of(
+    node: onnx.NodeProto | None,
+    producers: dict[str, onnx.NodeProto],
+    constants: set[str],
+) -> onnx.NodeProto | None:
+    """Walk back from `logits` over per-position ops to the LM head MatMul."""
+    while node is not None and node.op_type in _PER_POSITION:
+        variable = [name for name in node.input if name not in constants]
+        if len(variable) != 1:
+            return None
+        node = producers.get(variable[0])
+    if node is None or node.op_type not in _HEADS or node.input[1] not in _static(node, producers):
+        return None
+    return node
+
+
+def _static(head: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> set[str]:
+    """The head's weight input when it is an initializer or a Transpose of one (tied head)."""
+    weight = head.input[1]
+    producer = producers.get(weight)
+    if producer is None or (producer.op_type == "Transpose" and producer.input[0] not in producers):
+        return {weight}
+    return set()
+
+
+def _feeds_others(graph: onnx.GraphProto, name: str, consumer: onnx.NodeProto) -> bool:
+    """True when something besides `consumer` reads `name` (then it must keep every position)."""
+    return any(name in node.input for node in graph.node if node is not consumer) or any(
+        out.name == name for out in graph.output
+    )
+
+
+def _insert_slice(model: onnx.ModelProto, consumer: onnx.NodeProto, hidden: str) -> None:
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    starts, ends, axes, sliced = (f"{_PREFIX}_{part}" for part in ("starts", "ends", "axes", "out"))
+    for name, value in ((starts, -1), (ends, np.iinfo(np.int64).max), (axes, 1)):
+        graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), name))
+    node = helper.make_node("Slice", [hidden, starts, ends, axes], [sliced], name=_PREFIX)
+    index = list(graph.node).index(consumer)
+    graph.node.insert(index, node)
+    consumer.input[0] = sliced
