@@ -78,7 +78,8 @@ def credit_purchase(
     order_id: str | None = None,
     provider_charge_id: str | None = None,
 ) -> CreditResult:
-    """Record a paid charge and credit its tokens, once per charge id whatever the retries."""
+    """Record a paid charge and credit its tokens, once per charge id whatever the retries, and
+    once per order: a second charge id for a paid order raises OrderError (reason "paid")."""
     existing = _find_purchase(session, charge_id)
     if existing is not None:
         return CreditResult(existing, newly_credited=False)
@@ -96,6 +97,14 @@ def credit_purchase(
     try:
         with session.begin_nested():
             session.add(purchase)
+            session.flush()
+            if order_id is not None and not _mark_paid(session, order_id):
+                # One order, one payment: pre-checkout refuses a paid order, so a second
+                # charge id for it is forged or Telegram's mistake, for an operator to look at.
+                raise OrderError(
+                    f"Order {order_id} is already paid; charge {charge_id!r} was not credited.",
+                    "paid",
+                )
     except IntegrityError:
         raced = _find_purchase(session, charge_id)
         if raced is None:
@@ -108,13 +117,18 @@ def credit_purchase(
         kind="purchase",
         purchase_id=purchase.id,
     )
-    if order_id is not None:
-        session.execute(
-            update(Order)
-            .where(col(Order.id) == order_id, col(Order.paid_at).is_(None))
-            .values(paid_at=utcnow())
-        )
     return CreditResult(purchase, newly_credited=True)
+
+
+def _mark_paid(session: Session, order_id: str) -> bool:
+    """Mark the order paid, unless it already is; the row lock makes two charges racing for one
+    order take turns, and the second finds it paid."""
+    marked = session.execute(
+        update(Order)
+        .where(col(Order.id) == order_id, col(Order.paid_at).is_(None))
+        .values(paid_at=utcnow())
+    )
+    return marked.rowcount == 1  # type: ignore[attr-defined]
 
 
 def credit_order_payment(

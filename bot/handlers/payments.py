@@ -113,7 +113,7 @@ async def on_successful_payment(update: Update, context: ContextTypes.DEFAULT_TY
 
     try:
         delivery = await shop.run(work)
-    except OrderError:
+    except OrderError as error:
         logger.exception("paid charge %s could not be credited", payment.telegram_payment_charge_id)
         await tell_operators(
             context.bot,
@@ -124,7 +124,7 @@ async def on_successful_payment(update: Update, context: ContextTypes.DEFAULT_TY
                 items=(
                     f"charge {payment.telegram_payment_charge_id} of user {telegram_id} "
                     f"({payment.total_amount} Stars, payload {payment.invoice_payload!r}) "
-                    "matches no order of theirs; not credited"
+                    f"not credited: {error}"
                 ),
             ),
         )
