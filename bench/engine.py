@@ -53,14 +53,16 @@ QWEN_SHAPE = dict(
 )
 
 
-def build_and_export() -> Path:
-    if (EXPORT_DIR / "model.onnx").exists():
-        return EXPORT_DIR
+def build_source(src: Path = OUT / "src") -> Path:
+    """The random-weight transformers dir (seeded, tokenizer from models/demo), built once.
+
+    Kept apart from the export so other tools (bench/compare.py hands it to onnxruntime-genai's
+    model builder) start from the very same weights."""
+    if (src / "config.json").exists() and (src / "tokenizer.json").exists():
+        return src
     import torch
-    from optimum.exporters.onnx import main_export
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    src = OUT / "src"
     shutil.rmtree(src, ignore_errors=True)
     print("building a random Qwen2.5-0.5B-shaped model ...", flush=True)
     torch.manual_seed(0)
@@ -72,6 +74,15 @@ def build_and_export() -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy2(ROOT / "models" / "demo" / name, src / name)
     shutil.copy2(ROOT / "models" / "demo" / "chat_template.jinja", src / "chat_template.jinja")
+    return src
+
+
+def build_and_export() -> Path:
+    if (EXPORT_DIR / "model.onnx").exists():
+        return EXPORT_DIR
+    from optimum.exporters.onnx import main_export
+
+    src = build_source()
     print("exporting with optimum-onnx ...", flush=True)
     started = time.perf_counter()
     with warnings.catch_warnings():

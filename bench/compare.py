@@ -1,0 +1,865 @@
+"""Side by side: our engine (HTTP and direct), a bare ONNX Runtime loop and onnxruntime-genai.
+
+    .venv/bin/python bench/compare.py                       # everything (long)
+    .venv/bin/python bench/compare.py --precisions int4 --streams 4 --rounds 1 --tokens 16
+
+One command for issue 6's comparison. It builds the random-weight Qwen2.5-0.5B-shaped
+transformers model of `bench/engine.py` once (bench/out/src, git-ignored), exports it with our
+export path in fp32, int8 and int4, builds onnxruntime-genai models (int4 and fp32) from the same
+transformers dir with genai's own model builder in a venv of its own (bench/out/genai-venv, made on
+first use: the builder needs transformers 5, our export stack transformers 4), measures the
+machine's read bandwidth, and then measures every engine x precision:
+
+- ours through the real HTTP API: a uvicorn process per precision with the default settings,
+  streamed chat completions (greedy) from an httpx client;
+- ours directly: `LocalEngine` in a worker process (bench/compare_ours.py);
+- a bare ONNX Runtime greedy loop on that worker's session (the floor of any loop on the graph);
+- onnxruntime-genai's C++ loop in its venv (bench/compare_genai.py; static batches).
+
+Figures: one-stream decode tokens/s (tokens 2..N over the time since token 1); aggregate
+tokens/s for 4, 8, 16 concurrent streams (all tokens over the wall time); time to first token for
+a 512-token prompt, idle and while 8 streams decode; the peak RSS of the serving process; and
+the floor, bandwidth / weight bytes read per token (every initializer a node reads, an embedding
+one row). Each figure is the median over `--rounds` rounds, and the peers are interleaved within
+each round, because this shared 2-core machine drifts by tens of percent over minutes: only
+ratios inside one run mean much. Prints one markdown table, writes bench/compare.png and
+bench/out/compare/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from api.engine.engine import TOKENIZER_FILE, load_chat_template  # noqa: E402
+from api.engine.protocol import ChatMessage  # noqa: E402
+from api.engine.tokenizer import TokenizerWrapper  # noqa: E402
+from bench.engine import OUT, build_source, prompt  # noqa: E402
+
+WORK = OUT / "compare"
+GENAI_VENV = OUT / "genai-venv"
+PLOT = ROOT / "bench" / "compare.png"
+PRECISIONS = ("fp32", "int8", "int4")
+GENAI_PRECISIONS = ("fp32", "int4")  # int8 is not a CPU precision of genai's builder
+ENGINES = ("http", "direct", "bare", "genai")
+LABELS = {
+    "http": "ours, HTTP API",
+    "direct": "ours, engine direct",
+    "bare": "bare ORT loop",
+    "genai": "onnxruntime-genai",
+}
+# What the genai venv needs, installed in this order (torch first, so pip takes the CPU build
+# already named, not another one pulled by transformers).
+GENAI_PACKAGES = (
+    ("torch==2.13.0",),
+    ("onnxruntime-genai", "transformers>=5", "onnx", "onnx-ir"),  # the builder imports onnx_ir
+)
+BUSY_STREAMS = 8
+GENAI_VERSIONS: list[str] = []
+KEYS = 3  # the API allows 8 concurrent requests per key; 16 streams + a probe need 3
+FILLER = (  # words for the HTTP prompts, fitted to a token count by `fit_text`
+    "the quick brown fox jumps over a lazy dog while seven tired cats watch from the old red "
+    "barn near river bank under grey autumn sky and children sing songs about distant hills"
+)
+
+BANDWIDTH_C = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+/* Read a buffer much larger than the caches with every core; print GB/s per pass. */
+int main(int argc, char **argv) {
+    size_t bytes = (size_t)atoll(argv[1]);
+    int passes = atoi(argv[2]);
+    size_t n = bytes / sizeof(uint64_t);
+    uint64_t *a = aligned_alloc(64, n * sizeof(uint64_t));
+    for (size_t i = 0; i < n; i++) a[i] = i;
+    uint64_t keep = 0;
+    for (int p = 0; p < passes; p++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        uint64_t s = 0;
+        #pragma omp parallel for reduction(+ : s)
+        for (size_t i = 0; i < n; i++) s += a[i];
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        keep += s;
+        double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+        printf("%.3f\n", bytes / secs / 1e9);
+    }
+    fprintf(stderr, "%llu\n", (unsigned long long)keep);
+    return 0;
+}
+"""
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(argv: list[str | Path], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    say("$ " + " ".join(str(a) for a in argv))
+    return subprocess.run([str(a) for a in argv], check=True, text=True, **kwargs)
+
+
+# --- building ------------------------------------------------------------------------------------
+
+
+def ensure_export(source: Path, precision: str, rebuild: bool) -> Path:
+    """Our export of `source` in `precision`: `tokenshop export-model`, in a process of its own
+    (the export stack holds gigabytes that the measurements should not share a process with)."""
+    out = WORK / precision
+    done = out / ".compare-complete"
+    if done.exists() and not rebuild:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    quantize = [] if precision == "fp32" else ["--quantize", precision]
+    run([Path(sys.executable).parent / "tokenshop", "export-model", source, out, *quantize])
+    done.touch()
+    say(f"{precision}: exported in {time.perf_counter() - started:.0f} s")
+    return out
+
+
+def ensure_genai_venv() -> Path:
+    """The venv of onnxruntime-genai and its builder, made on first use (minutes)."""
+    python = GENAI_VENV / "bin" / "python"
+    done = GENAI_VENV / ".compare-complete"
+    if done.exists():
+        return python
+    shutil.rmtree(GENAI_VENV, ignore_errors=True)
+    run([sys.executable, "-m", "venv", GENAI_VENV])
+    for packages in GENAI_PACKAGES:
+        run([python, "-m", "pip", "install", "-q", *packages])
+    done.touch()
+    return python
+
+
+def ensure_genai_model(python: Path, source: Path, precision: str, rebuild: bool) -> Path:
+    """genai's model builder on the same transformers dir as our exports."""
+    out = WORK / f"genai-{precision}"
+    if (out / "genai_config.json").exists() and not rebuild:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    cache = WORK / "genai-cache"
+    started = time.perf_counter()
+    log = WORK / f"genai-{precision}-build.log"
+    with log.open("w") as sink:
+        # hf_token=false and offline: the builder reads only the local dir (it would otherwise
+        # ask the hub for a token even for a local dir).
+        run(
+            [python, "-m", "onnxruntime_genai.models.builder", "-i", source, "-o", out]
+            + ["-p", precision, "-e", "cpu", "-c", cache, "--extra_options", "hf_token=false"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    shutil.rmtree(cache, ignore_errors=True)
+    say(f"genai {precision}: built in {time.perf_counter() - started:.0f} s")
+    return out
+
+
+# --- the machine -------------------------------------------------------------------------------
+
+
+def read_bandwidth(buffer_mb: int = 1024, passes: int = 7) -> tuple[float, str]:
+    """Median GB/s of streaming reads over a buffer far larger than the caches.
+
+    A small C program reading with every core (what decoding with ORT's thread pool does) if a C
+    compiler is here; numpy's single-threaded sum otherwise, which underestimates."""
+    binary = WORK / "readbw"
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler and not binary.exists():
+        source = WORK / "readbw.c"
+        source.write_text(BANDWIDTH_C)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            run([compiler, "-O3", "-march=native", "-fopenmp", source, "-o", binary])
+    if binary.exists():
+        out = subprocess.run(
+            [str(binary), str(buffer_mb << 20), str(passes)],
+            check=True,
+            text=True,
+            capture_output=True,
+        ).stdout
+        rates = [float(x) for x in out.split()]
+        return statistics.median(rates), f"C, {os.cpu_count()} threads"
+    data = np.ones(buffer_mb << 18, np.float32)
+    rates = []
+    for _ in range(passes):
+        started = time.perf_counter()
+        data.sum()
+        rates.append(data.nbytes / (time.perf_counter() - started) / 1e9)
+    return statistics.median(rates), "numpy, 1 thread"
+
+
+def bytes_per_token(model_file: Path) -> int:
+    """Weight bytes one decode step reads: every initializer a node reads, in full, except a
+    table only gathered from (an embedding), of which one row is read."""
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    sizes: dict[str, tuple[int, int]] = {}  # name -> (bytes, rows)
+    for tensor in graph.initializer:
+        length = next((int(e.value) for e in tensor.external_data if e.key == "length"), None)
+        if length is None:
+            if tensor.raw_data:
+                length = len(tensor.raw_data)
+            else:
+                count = int(np.prod(tensor.dims)) if tensor.dims else 1
+                length = count * np.dtype(tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        sizes[tensor.name] = (length, int(tensor.dims[0]) if tensor.dims else 1)
+    full: set[str] = set()
+    row: set[str] = set()
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name not in sizes:
+                continue
+            gathered = (node.op_type == "Gather" and index == 0) or (
+                node.op_type == "GatherBlockQuantized" and index != 1
+            )
+            (row if gathered else full).add(name)
+    total = sum(sizes[name][0] for name in full)
+    total += sum(sizes[name][0] // max(sizes[name][1], 1) for name in row - full)
+    return total
+
+
+# --- peers ---------------------------------------------------------------------------------------
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM: the most resident memory the process has had."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Worker:
+    """A measuring process that answers one JSON command per line (`@@` + JSON)."""
+
+    def __init__(self, argv: list[str | Path], log: Path) -> None:
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [str(a) for a in argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            cwd=ROOT,
+        )
+        self.hello = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("@@"):
+                reply = json.loads(line[2:])
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return reply
+        raise RuntimeError(f"worker exited ({self.proc.wait()}); see {self.log.name}")
+
+    def call(self, **command: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class Server:
+    """`uvicorn api.main:app_from_environment` serving one model, default settings."""
+
+    def __init__(self, model: str, path: Path, port: int, env: dict[str, str]) -> None:
+        self.model = model
+        self.base = f"http://127.0.0.1:{port}"
+        self.log = (WORK / f"server-{model}.log").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "api.main:app_from_environment", "--factory"]
+            + ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+            cwd=ROOT,
+            env={**env, "MODELS": f"{model}={path}"},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server {self.model} exited; see {self.log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.base + "/ready", timeout=5).status_code == 200:
+                    return
+            time.sleep(1)
+        raise RuntimeError(f"server {self.model} not ready after {timeout} s")
+
+    async def wait_idle(self, client: httpx.AsyncClient) -> None:
+        """Until the engine has no active or queued sequence (aborted streams have left)."""
+        for _ in range(600):
+            text = (await client.get(self.base + "/metrics")).text
+            busy = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith(("tokenshop_active_sequences{", "tokenshop_queued_sequences{"))
+            )
+            if not busy:
+                return
+            await asyncio.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@dataclass
+class HttpClient:
+    """Streams chat completions at one server with several keys (8 concurrent per key)."""
+
+    server: Server
+    keys: list[str]
+    short_text: str
+    long_text: str
+    _next: int = 0
+
+    def _key(self) -> str:
+        self._next += 1
+        return self.keys[self._next % len(self.keys)]
+
+    async def stream(
+        self, client: httpx.AsyncClient, text: str, max_tokens: int, started: asyncio.Event | None
+    ) -> tuple[float, float, float, int]:
+        """One streamed request: (submitted, first token, last token, completion tokens).
+
+        The server sends its first event once the first token exists, so that event's arrival
+        is the time to first token; the event with `finish_reason` comes with the last token."""
+        body = {
+            "model": self.server.model,
+            "messages": [{"role": "user", "content": text}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        headers = {"Authorization": f"Bearer {self._key()}"}
+        submitted = time.perf_counter()
+        first = last = 0.0
+        tokens = 0
+        url = self.server.base + "/v1/chat/completions"
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                now = time.perf_counter()
+                if line == "data: [DONE]":
+                    break
+                first = first or now
+                if started is not None:
+                    started.set()  # its first token exists: it is decoding now
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif chunk["choices"] and chunk["choices"][0].get("finish_reason"):
+                    last = now
+        return submitted, first, last or first, tokens
+
+    async def streams(self, n: int, tokens: int) -> dict[str, float]:
+        async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=64)) as c:
+            started = time.perf_counter()
+            results = await asyncio.gather(
+                *(self.stream(c, self.short_text, tokens, None) for _ in range(n))
+            )
+            wall = time.perf_counter() - started
+        rates = [(k - 1) / (b - a) for _, a, b, k in results if k > 1 and b > a]
+        return {
+            "per": float(np.mean(rates)) if rates else float("nan"),
+            "agg": sum(k for *_, k in results) / wall,
+            "ttft": float(np.mean([first - sub for sub, first, _, _ in results])),
+        }
+
+    async def ttft(self, running: int) -> float:
+        """Time to first token of the long prompt, idle or joining `running` decoding streams."""
+        async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=64)) as c:
+            events = [asyncio.Event() for _ in range(running)]
+            background = [
+                asyncio.create_task(self.stream(c, self.short_text, 100_000, event))
+                for event in events
+            ]
+            try:
+                for event in events:
+                    await event.wait()
+                submitted, first, _, _ = await self.stream(c, self.long_text, 1, None)
+            finally:
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
+            await self.server.wait_idle(c)
+        return first - submitted
+
+
+@dataclass
+class Peer:
+    """One engine x precision: how to take each measurement, and its serving process."""
+
+    engine: str
+    precision: str
+    measure: Callable[[str, int], dict[str, float] | None]
+    pid: int
+    floor_bytes: int
+    results: dict[str, list[float]] = field(default_factory=dict)
+
+    def record(self, kind: str, value: float) -> None:
+        self.results.setdefault(kind, []).append(value)
+
+    def median(self, kind: str) -> float:
+        values = self.results.get(kind)
+        return float(statistics.median(values)) if values else float("nan")
+
+
+def fit_text(export: Path, target: int) -> tuple[str, int]:
+    """A user message whose chat-templated prompt is as close to `target` tokens as words allow
+    (the HTTP peers send text; the direct peers get `target` token ids)."""
+    tokenizer = TokenizerWrapper.from_file(export / TOKENIZER_FILE)
+    template = load_chat_template(export)
+    rng = np.random.default_rng(7)
+    vocabulary = FILLER.split()
+    words = [vocabulary[i] for i in rng.integers(0, len(vocabulary), size=target * 2)]
+
+    def length(k: int) -> int:
+        return len(tokenizer.encode(template.render([ChatMessage("user", " ".join(words[:k]))])))
+
+    low, high = 1, len(words)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if length(mid) <= target:
+            low = mid
+        else:
+            high = mid - 1
+    return " ".join(words[:low]), length(low)
+
+
+@dataclass
+class Plan:
+    tokens: int
+    prompt: int
+    ttft_prompt: int
+    streams: list[int]
+
+
+def make_peers(
+    args: argparse.Namespace, plan: Plan, exports: dict[str, Path], genai: dict[str, Path]
+) -> tuple[list[Peer], list[Callable[[], None]]]:
+    """Start every serving process (loading all models up front, so rounds can interleave)."""
+    peers: list[Peer] = []
+    closers: list[Callable[[], None]] = []
+    engines = args.engines
+    env = dict(os.environ)
+    if "http" in engines:
+        db = WORK / "tokenshop.db"
+        db.unlink(missing_ok=True)
+        env.update(DATABASE_URL=f"sqlite:///{db}", SECRET_KEY=secrets.token_urlsafe(48))
+        tokenshop = Path(sys.executable).parent / "tokenshop"
+        run([tokenshop, "migrate"], cwd=ROOT, env=env, capture_output=True)
+        keys = [
+            run(
+                [tokenshop, "keys", "issue", "--tokens", "1000000000"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+            ).stdout.split()[-1]
+            for _ in range(KEYS)
+        ]
+        first_export = next(iter(exports.values()))
+        short_text, short_len = fit_text(first_export, plan.prompt)
+        long_text, long_len = fit_text(first_export, plan.ttft_prompt)
+        say(f"HTTP prompts: {short_len} and {long_len} tokens after the chat template")
+        servers = []
+        for i, (precision, path) in enumerate(exports.items()):
+            server = Server(precision, path, args.port + i, env)
+            servers.append(server)
+            closers.append(server.close)
+        for server in servers:
+            server.wait_ready()
+            client = HttpClient(server, keys, short_text, long_text)
+            peers.append(Peer("http", server.model, _http_measure(client), server.proc.pid, 0))
+    for precision, path in exports.items():
+        if not {"direct", "bare"} & set(engines):
+            break
+        worker = Worker(
+            [sys.executable, ROOT / "bench" / "compare_ours.py", path],
+            WORK / f"worker-{precision}.log",
+        )
+        closers.append(worker.close)
+        if "direct" in engines:
+            peers.append(Peer("direct", precision, _direct_measure(worker), worker.proc.pid, 0))
+        if "bare" in engines:
+            peers.append(Peer("bare", precision, _bare_measure(worker), worker.proc.pid, 0))
+    if genai:
+        python = GENAI_VENV / "bin" / "python"
+        for precision, path in genai.items():
+            worker = Worker(
+                [python, ROOT / "bench" / "compare_genai.py", path],
+                WORK / f"genai-worker-{precision}.log",
+            )
+            closers.append(worker.close)
+            GENAI_VERSIONS.append(str(worker.hello.get("version")))
+            peers.append(Peer("genai", precision, _genai_measure(worker), worker.proc.pid, 0))
+    return peers, closers
+
+
+def _http_measure(client: HttpClient) -> Callable[[str, int], dict[str, float] | None]:
+    def measure(kind: str, value: int) -> dict[str, float] | None:
+        if kind == "streams":
+            return asyncio.run(client.streams(value, PLAN.tokens))
+        return {"ttft": asyncio.run(client.ttft(value))}
+
+    return measure
+
+
+def _direct_measure(worker: Worker) -> Callable[[str, int], dict[str, float] | None]:
+    def measure(kind: str, value: int) -> dict[str, float] | None:
+        if kind == "streams":
+            return worker.call(op="streams", streams=value, tokens=PLAN.tokens, prompt=PLAN.prompt)
+        return worker.call(op="ttft", running=value, prompt=PLAN.ttft_prompt, short=PLAN.prompt)
+
+    return measure
+
+
+def _bare_measure(worker: Worker) -> Callable[[str, int], dict[str, float] | None]:
+    def measure(kind: str, value: int) -> dict[str, float] | None:
+        if kind == "streams":
+            if value != 1:
+                return None  # one sequence, no batching
+            return worker.call(op="bare", tokens=PLAN.tokens, prompt=PLAN.prompt)
+        if value:
+            return None
+        return worker.call(op="bare_ttft", prompt=PLAN.ttft_prompt)
+
+    return measure
+
+
+def _genai_measure(worker: Worker) -> Callable[[str, int], dict[str, float] | None]:
+    def measure(kind: str, value: int) -> dict[str, float] | None:
+        if kind == "streams":
+            ids = [prompt(PLAN.prompt, seed=i) for i in range(value)]
+            return worker.call(op="generate", ids=ids, tokens=PLAN.tokens)
+        if value:
+            return None  # static batches: a request cannot join a running one
+        return worker.call(op="generate", ids=[prompt(PLAN.ttft_prompt, seed=99)], tokens=1)
+
+    return measure
+
+
+PLAN = Plan(tokens=64, prompt=24, ttft_prompt=512, streams=[4, 8, 16])
+
+
+def rotated(items: list[Peer], by: int) -> Iterator[Peer]:
+    by %= len(items)
+    yield from items[by:] + items[:by]
+
+
+def measure_rounds(peers: list[Peer], rounds: int) -> None:
+    """Round by round, every measurement of every peer once, peers in a rotating order."""
+    kinds = [("streams", 1), *(("streams", s) for s in PLAN.streams), ("ttft", 0)]
+    kinds.append(("ttft", BUSY_STREAMS))
+    for peer in peers:  # warm-up: first-run allocations and shapes
+        peer.measure("streams", 1)
+        peer.measure("ttft", 0)
+    for r in range(rounds):
+        for kind, value in kinds:
+            for peer in rotated(peers, r):
+                started = time.perf_counter()
+                try:
+                    result = peer.measure(kind, value)
+                except Exception as exc:  # one failing peer must not lose the others' figures
+                    say(f"{peer.engine} {peer.precision} {kind} {value}: FAILED {exc}")
+                    continue
+                if result is None:
+                    continue
+                if kind == "streams":
+                    if value == 1:
+                        peer.record("one", result["per"])
+                        peer.record("agg1", result["agg"])
+                    else:
+                        peer.record(f"agg{value}", result["agg"])
+                else:
+                    peer.record("ttft_busy" if value else "ttft", result["ttft"])
+                say(
+                    f"round {r + 1} {peer.engine:6} {peer.precision} {kind} {value}: "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in result.items())
+                    + f" ({time.perf_counter() - started:.1f} s)"
+                )
+
+
+# --- reporting -----------------------------------------------------------------------------------
+
+
+def fmt(value: float, digits: int = 1) -> str:
+    return "n/a" if value != value else f"{value:.{digits}f}"
+
+
+def table(peers: list[Peer], bandwidth: float) -> str:
+    streams = PLAN.streams
+    head = ["engine", "precision", "floor tok/s", "1 stream tok/s", "of floor"]
+    head += [f"{s} streams tok/s" for s in streams]
+    head += [
+        f"TTFT {PLAN.ttft_prompt} idle s",
+        f"TTFT {PLAN.ttft_prompt}, {BUSY_STREAMS} running s",
+        "peak RSS MB",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for peer in peers:
+        floor = bandwidth * 1e9 / peer.floor_bytes
+        one = peer.median("one")
+        row = [LABELS[peer.engine], peer.precision, fmt(floor), fmt(one), fmt(one / floor, 2)]
+        row += [fmt(peer.median(f"agg{s}")) for s in streams]
+        row += [fmt(peer.median("ttft"), 3), fmt(peer.median("ttft_busy"), 3)]
+        row.append(fmt(peak_rss_mb(peer.pid), 0))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def targets(peers: list[Peer], bandwidth: float) -> list[str]:
+    """Issue 6's targets, each with the figures it compares and whether it is met."""
+    by = {(p.engine, p.precision): p for p in peers}
+    lines = []
+
+    def check(name: str, value: float, bound: float, detail: str) -> None:
+        if value != value:
+            lines.append(f"- {name}: not measured in this run")
+            return
+        verdict = "met" if value >= bound else "NOT met"
+        lines.append(f"- {name}: {detail} -> {verdict}")
+
+    for engine in ("http", "direct"):
+        label = LABELS[engine]
+        int4, int8 = by.get((engine, "int4")), by.get((engine, "int8"))
+        if int4:
+            floor = bandwidth * 1e9 / int4.floor_bytes
+            one = int4.median("one")
+            check(f"{label} int4 1 stream >= 0.7 floor", one / floor, 0.7, f"{one / floor:.2f}")
+            genai = by.get(("genai", "int4"))
+            if genai:
+                ratio = one / genai.median("one")
+                check(f"{label} int4 1 stream >= genai int4", ratio, 1.0, f"{ratio:.2f}x")
+            if f"agg{BUSY_STREAMS}" in int4.results:
+                ratio = int4.median(f"agg{BUSY_STREAMS}") / one
+                check(f"{label} int4 8 streams >= 5x 1 stream", ratio, 5.0, f"{ratio:.2f}x")
+        if int8:
+            floor = bandwidth * 1e9 / int8.floor_bytes
+            ratio = int8.median("one") / floor
+            check(f"{label} int8 1 stream >= 0.75 floor", ratio, 0.75, f"{ratio:.2f}")
+    for precision in PRECISIONS:
+        http, direct = by.get(("http", precision)), by.get(("direct", precision))
+        if http and direct and f"agg{BUSY_STREAMS}" in http.results:
+            ratio = http.median(f"agg{BUSY_STREAMS}") / direct.median(f"agg{BUSY_STREAMS}")
+            check(f"{precision} 8 streams, HTTP within 5% of direct", ratio, 0.95, f"{ratio:.3f}")
+    for peer in peers:
+        if "ttft_busy" in peer.results:
+            ratio = peer.median("ttft") / peer.median("ttft_busy")
+            check(
+                f"{LABELS[peer.engine]} {peer.precision} TTFT with 8 running <= 2x idle",
+                ratio,
+                0.5,
+                f"{1 / ratio:.2f}x idle",
+            )
+    return lines
+
+
+def plot(peers: list[Peer], path: Path, bandwidth: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"fp32": "tab:blue", "int8": "tab:orange", "int4": "tab:green"}
+    styles = {"http": "-", "direct": "--", "bare": "", "genai": ":"}
+    markers = {"http": "o", "direct": "s", "bare": "*", "genai": "^"}
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
+    for peer in peers:
+        xs = [s for s in [1, *PLAN.streams] if f"agg{s}" in peer.results]
+        ys = [peer.median(f"agg{s}") for s in xs]
+        axes.plot(
+            xs,
+            ys,
+            linestyle=styles[peer.engine] or "none",
+            marker=markers[peer.engine],
+            color=colors.get(peer.precision, "black"),
+            label=f"{LABELS[peer.engine]}, {peer.precision}",
+        )
+    for precision in sorted({p.precision for p in peers if p.engine != "genai"}):
+        floor_bytes = next(p.floor_bytes for p in peers if p.precision == precision)
+        axes.axhline(
+            bandwidth * 1e9 / floor_bytes, color=colors[precision], linewidth=0.6, alpha=0.5
+        )
+    axes.set_xscale("log", base=2)
+    axes.set_xticks([1, *PLAN.streams], labels=[str(s) for s in [1, *PLAN.streams]])
+    axes.set_xlabel("concurrent streams")
+    axes.set_ylabel("aggregate tokens/s")
+    axes.set_title(
+        "Random Qwen2.5-0.5B-shaped model, 2-core CPU\n(thin lines: one-stream bandwidth floors)"
+    )
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def describe_machine() -> str:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB"
+
+
+def commit() -> str:
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "api"], cwd=ROOT, text=True, capture_output=True
+    ).stdout.strip()
+    return head + (" (api/ modified)" if dirty else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--streams", default="4,8,16", help="concurrent streams besides 1")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
+    parser.add_argument(
+        "--prompt", type=int, default=24, help="prompt tokens for decoding (>= the template's)"
+    )
+    parser.add_argument("--ttft-prompt", type=int, default=512)
+    parser.add_argument("--port", type=int, default=8731)
+    parser.add_argument("--rebuild", action="store_true", help="export and build again")
+    parser.add_argument("--plot", type=Path, default=PLOT)
+    args = parser.parse_args()
+    # A plain `kill` still runs the `finally` that stops the servers and workers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    args.engines = [e for e in args.engines.split(",") if e]
+    precisions = [p for p in args.precisions.split(",") if p]
+    PLAN.tokens, PLAN.prompt, PLAN.ttft_prompt = args.tokens, args.prompt, args.ttft_prompt
+    PLAN.streams = [int(s) for s in args.streams.split(",") if s]
+    WORK.mkdir(parents=True, exist_ok=True)
+
+    source = build_source(WORK / "src")  # not bench/engine.py's: its export deletes that one
+    exports = {p: ensure_export(source, p, args.rebuild) for p in precisions}
+    genai: dict[str, Path] = {}
+    genai_note = ""
+    if "genai" in args.engines:
+        try:
+            python = ensure_genai_venv()
+            for precision in [p for p in precisions if p in GENAI_PRECISIONS]:
+                genai[precision] = ensure_genai_model(python, source, precision, args.rebuild)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            genai_note = f"onnxruntime-genai unavailable: {exc}"
+            say(genai_note)
+    before, how = read_bandwidth()
+    say(f"read bandwidth {before:.1f} GB/s ({how})")
+
+    peers, closers = make_peers(args, PLAN, exports, genai)
+    try:
+        for peer in peers:
+            path = genai[peer.precision] if peer.engine == "genai" else exports[peer.precision]
+            files = sorted(path.glob("*.onnx"))
+            peer.floor_bytes = bytes_per_token(files[0])
+        measure_rounds(peers, args.rounds)
+        after, _ = read_bandwidth()
+        # Other work on a shared machine only lowers it: the higher of the two is the closer
+        # estimate of what the memory can deliver, and the stricter floor.
+        bandwidth = max(before, after)
+        rendered = table(peers, bandwidth)
+        checks = targets(peers, bandwidth)
+    finally:
+        for close in reversed(closers):
+            close()
+    import onnxruntime
+
+    versions = f"onnxruntime {onnxruntime.__version__}" + "".join(
+        f", onnxruntime-genai {v}" for v in sorted(set(GENAI_VERSIONS))
+    )
+    print(f"commit {commit()}; {describe_machine()}; {versions}")
+    print(
+        f"read bandwidth {bandwidth:.1f} GB/s ({how}; {before:.1f} before the rounds, "
+        f"{after:.1f} after); {PLAN.tokens} tokens per stream, "
+        f"{PLAN.prompt}-token prompts, greedy; median of {args.rounds} interleaved rounds"
+    )
+    if genai_note:
+        print(genai_note)
+    print()
+    print(rendered)
+    print()
+    print("\n".join(checks))
+    plot(peers, args.plot, bandwidth)
+    results = {
+        "commit": commit(),
+        "machine": describe_machine(),
+        "bandwidth_gbs": bandwidth,
+        "bandwidth_before_after_gbs": [before, after],
+        "plan": PLAN.__dict__,
+        "rounds": args.rounds,
+        "peers": [
+            {
+                "engine": p.engine,
+                "precision": p.precision,
+                "floor_bytes": p.floor_bytes,
+                "results": p.results,
+            }
+            for p in peers
+        ],
+        "table": rendered,
+        "targets": checks,
+    }
+    (WORK / "results.json").write_text(json.dumps(results, indent=1))
+    say(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
