@@ -353,3 +353,50 @@ def test_unknown_methods_routes_and_model_ids_are_openai_shaped(server, api_key)
         )
         _assert_refused(response, 400)
     _assert_healthy(server, api_key)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"temperature": 5},
+        {"n": 0},
+        {"max_tokens": -1},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "nul \x00"}]},
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"model": "no-such-model"},
+    ],
+    ids=["temperature", "n", "max_tokens", "no-messages", "nul", "tools", "model"],
+)
+def test_a_refused_streaming_request_gets_a_plain_json_error_not_a_stream(post, extra):
+    """The SDK raises the error before iterating only if it arrives as a status, not as an
+    event inside a 200 stream."""
+    response = post(VALID | {"stream": True} | extra)
+    assert response.headers["content-type"].startswith("application/json")
+    _assert_refused(response)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("text/plain", b"hello"),
+        ("application/x-www-form-urlencoded", b"model=demo&messages=hi"),
+        ("multipart/form-data; boundary=x", b"--x\r\n\r\n--x--\r\n"),
+        ("application/json; charset=latin-1", b'{"model": "d\xe9mo"}'),
+    ],
+    ids=["text", "form", "multipart", "latin-1"],
+)
+def test_bodies_that_are_not_a_json_object_are_a_400(post, content_type, body):
+    _assert_refused(post(body, **{"Content-Type": content_type}), 400)
+
+
+def test_tens_of_thousands_of_content_parts_are_answered_or_refused_never_a_500(post):
+    parts = [{"type": "text", "text": ""}] * 50_000 + [{"type": "text", "text": "hi"}]
+    response = post({"model": "demo", "messages": [{"role": "user", "content": parts}]})
+    if response.status_code != 200:
+        _assert_refused(response, 400)
+    too_long = [{"type": "text", "text": "word "}] * 20_000  # past the context window
+    error = _assert_refused(
+        post({"model": "demo", "messages": [{"role": "user", "content": too_long}]}), 400
+    )
+    assert error["code"] == "context_length_exceeded"
