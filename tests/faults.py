@@ -54,13 +54,18 @@ class TcpProxy:
         self._listener.listen(128)
         self.port: int = self._listener.getsockname()[1]
         self._down = threading.Event()
+        self._silent = False
+        self._silenced: list[socket.socket] = []
         self._closing = False
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept, name="tcp-proxy", daemon=True)
         self._thread.start()
 
-    def cut(self) -> None:
+    def cut(self, *, silent: bool = False) -> None:
+        """Reset every connection. New ones are reset too or, `silent`, accepted and never
+        answered: a host that stopped responding, which only a client's timeout ends."""
+        self._silent = silent
         self._down.set()
         with self._lock:
             sockets, self._sockets = self._sockets, set()
@@ -69,6 +74,9 @@ class TcpProxy:
 
     def restore(self) -> None:
         self._down.clear()
+        silenced, self._silenced = self._silenced, []
+        for sock in silenced:
+            _reset(sock)
 
     def close(self) -> None:
         self._closing = True
@@ -83,7 +91,10 @@ class TcpProxy:
             except OSError:
                 return
             if self._down.is_set():
-                _reset(client)
+                if self._silent:
+                    self._silenced.append(client)  # kept open, never read
+                else:
+                    _reset(client)
                 continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -217,3 +218,69 @@ def test_a_stream_whose_settlement_fails_is_billed_in_full_when_the_database_ret
     assert entry.completion_tokens == usage["completion_tokens"]
     assert -entry.amount == usage["total_tokens"]
     assert audit(engine) == []
+
+
+def test_an_answer_whose_settlement_fails_is_sent_and_billed_when_the_database_returns(
+    start_server, make_funded_key, engine: Engine, outage: Outage
+) -> None:
+    server = start_server(database_url=outage.server_url, checkpoint_seconds=0.2)
+    demo = server.services.engines["demo"]
+    key = make_funded_key(100_000)
+    steps = demo.stats().steps
+    answers: list[httpx.Response] = []
+    asker = threading.Thread(
+        target=lambda: answers.append(post(server.base_url, key, max_tokens=600, temperature=0))
+    )
+    asker.start()
+    try:
+        poll(lambda: demo.stats().steps > steps + 20, within=30, what="generation under way")
+        outage.begin()  # mid-generation
+        asker.join(timeout=60)
+        # the client gets its answer: it was generated, and it will be paid for
+        (answer,) = answers
+        assert answer.status_code == 200, answer.text
+        usage, chat_id = answer.json()["usage"], answer.json()["id"]
+        assert usage["completion_tokens"] == 600
+        assert hold_states(engine)[chat_id] == "held"
+    finally:
+        outage.end()
+
+    poll(
+        lambda: hold_states(engine)[chat_id] == "settled",
+        within=10,
+        what="the answer's hold settled",
+        every=0.1,
+    )
+    (entry,) = usage_entries(engine)
+    assert entry.completion_tokens == usage["completion_tokens"]
+    assert -entry.amount == usage["total_tokens"]
+    assert audit(engine) == []
+
+
+def test_a_database_that_stops_answering_gives_503s_not_hung_requests(
+    start_server, make_funded_key, database_url: str, engine: Engine
+) -> None:
+    """A host that accepts connections and never answers (not a refusal): the connect
+    timeout (1 s here, through the URL; 5 s by default) turns it into a 503 too."""
+    if make_url(database_url).get_backend_name() != "postgresql":
+        pytest.skip("a network fault: SQLite has no network (the lock test covers it)")
+    outage = ProxyOutage(database_url)
+    try:
+        url = make_url(outage.server_url)
+        server_url = url.update_query_dict({"connect_timeout": "1"}).render_as_string(
+            hide_password=False
+        )
+        server = start_server(database_url=server_url)
+        key = make_funded_key(10_000)
+        assert post(server.base_url, key).status_code == 200
+        outage.proxy.cut(silent=True)
+        try:
+            assert_clean_503(post(server.base_url, key))
+            assert ready(server.base_url) == 503
+        finally:
+            outage.end()
+        poll(lambda: ready(server.base_url) == 200, within=10, what="/ready back", every=0.1)
+        assert post(server.base_url, key).status_code == 200
+        assert audit(engine) == []
+    finally:
+        outage.close()

@@ -260,3 +260,47 @@ def after_hang_up(watched: WatchedEngine, d: Dropped) -> int:
 
 def extra(entries: dict[str, list[LedgerEntry]], d: Dropped) -> int:
     return (entries[d.chat_id][0].completion_tokens or 0) - d.received
+
+
+async def test_a_client_that_stops_reading_then_hangs_up_stops_its_generation(
+    start_server, make_funded_key, engine
+) -> None:
+    """The server is stuck writing to a client that reads nothing (its buffers are full) when
+    the client hangs up: the answer's generator never resumes, yet generation stops and the
+    hold is settled for what was made."""
+    watched = WatchedEngine(demo_engine(str(DEMO_MODEL)))
+    server = start_server(engines={"demo": watched})
+    demo = server.services.engines["demo"]
+    key = make_funded_key(1_000_000)
+    body = {
+        "model": "demo",
+        "messages": PROMPT,
+        "max_tokens": LONG,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 20,  # about 1.5 kB a token: the socket buffers fill long before the end
+        "stream": True,
+    }
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        async with http.stream(
+            "POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
+            assert response.status_code == 200
+            raw = response.aiter_raw()  # kept: dropping it would close the connection
+            first = await raw.__anext__()
+            chat_id = json.loads(first.split(b"\n\n")[0][6:])["id"]
+            trace = watched.traces[f"{chat_id}-0"]
+            await wait_until(lambda: trace.tokens >= 400, within=30, what="generation ran ahead")
+        dropped_at = time.monotonic()
+
+    await wait_until(lambda: trace.closed_at is not None, within=STOP_WITHIN, what="stopped")
+    await wait_until(
+        lambda: demo.stats().active_sequences == 0, within=STOP_WITHIN, what="left the batch"
+    )
+    await wait_until(
+        lambda: open_holds(engine, set()) == 0, within=SETTLE_WITHIN, what="hold resolved"
+    )
+    assert trace.tokens < LONG  # it did not run to the end
+    (entry,) = usage_entries(engine, [chat_id])[chat_id]
+    assert entry.completion_tokens == trace.tokens
+    print(f"\nstalled client: stopped {trace.closed_at - dropped_at:.3f} s after hanging up")  # type: ignore[operator]
