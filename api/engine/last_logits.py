@@ -31,6 +31,7 @@ _HEADS = {"MatMul", "MatMulNBits"}
 # Ops that act on each position on their own when their other operands are constants.
 _PER_POSITION = {"Cast", "Identity", "Mul", "Div", "Add", "Sub", "Tanh"}
 _PREFIX = "tokenshop_last_position"
+EDIT_TAG = "last-position-logits-v1"  # part of the optimized-graph cache key: bump on any change
 
 
 def slice_last_position(model: onnx.ModelProto) -> bool:

@@ -19,7 +19,8 @@ import numpy as np
 import onnxruntime as ort
 
 from api.engine.errors import ModelLoadError
-from api.engine.last_logits import slice_last_position
+from api.engine.last_logits import EDIT_TAG, slice_last_position
+from api.engine.ort_cache import open_session
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.json"
@@ -138,26 +139,38 @@ def eos_ids_of(generation_config: dict[str, Any], config: dict[str, Any]) -> fro
     return frozenset()
 
 
-def _graph_source(model_file: Path) -> tuple[str | bytes, bool]:
-    """The graph for ONNX Runtime: edited to compute last-position logits when `onnx` is there
-    and the edit applies (see `last_logits.py`), else the file as exported. The flag says which."""
+def _can_edit() -> bool:
     try:
-        import onnx
+        import onnx  # noqa: F401 - the export extra
     except ImportError:
-        return str(model_file), False
+        return False
+    return True
+
+
+def _graph_source(model_file: Path) -> str | bytes:
+    """The graph for ONNX Runtime: edited to compute last-position logits when the edit applies
+    (see `last_logits.py`), else the file as exported."""
+    import onnx
+
     try:
         proto = onnx.load(str(model_file), load_external_data=False)
     except Exception:  # noqa: BLE001 - not a readable graph: ONNX Runtime names the fault below
-        return str(model_file), False
-    if not slice_last_position(proto):
-        return str(model_file), False
-    return proto.SerializeToString(), True
+        return str(model_file)
+    return proto.SerializeToString() if slice_last_position(proto) else str(model_file)
+
+
+def _last_position_only(session: ort.InferenceSession) -> bool:
+    """Whether the graph's `logits` has a sequence dim of 1 (the edit sets it)."""
+    logits = next(o for o in session.get_outputs() if o.name == "logits")
+    return len(logits.shape) == 3 and logits.shape[1] == 1
 
 
 class OnnxCausalLM:
     """One ONNX Runtime session of a decoder-with-past graph, plus the facts read from config."""
 
-    def __init__(self, path: Path, *, threads: int | None = None) -> None:
+    def __init__(
+        self, path: Path, *, threads: int | None = None, cache_dir: Path | None = None
+    ) -> None:
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -171,18 +184,21 @@ class OnnxCausalLM:
         if threads:
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
-        # The graph may be handed over as edited bytes: its external weights are in `path`.
-        options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(path)
-        )
-        source, self.last_position_only = _graph_source(model_file)
+        edit = _can_edit()
         try:
-            self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            self.session = open_session(
+                path,
+                (lambda: _graph_source(model_file)) if edit else (lambda: str(model_file)),
+                tag=EDIT_TAG if edit else "as exported",
+                options=options,
+                cache_dir=cache_dir,
+            )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
             raise ModelLoadError(
                 f"{model_file}: ONNX Runtime cannot load it (or its external data file "
                 f"{MODEL_FILE}_data): {exc}"
             ) from exc
+        self.last_position_only = _last_position_only(self.session)
         self.spec = _inspect(self.session, model_file, self.config)
         self.context_length = context_length_of(self.config)
         self.eos_token_ids = eos_ids_of(self.generation_config, self.config)

@@ -8,11 +8,12 @@ the default `models/demo` works from anywhere.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.engine.engine import LocalEngine
 from api.engine.errors import ModelLoadError
+from api.engine.ort_cache import default_cache_dir
 from api.engine.protocol import EngineClient
 from api.engine.scheduler import SchedulerLimits
 
@@ -27,6 +28,8 @@ class EngineConfig:
     max_queued: int = 64  # waiting requests beyond that; more raise EngineOverloaded
     threads: int | None = None  # ONNX Runtime intra-op threads (None: one per physical core)
     max_prefill_tokens: int = 256  # prompt tokens prefilled per iteration (longer prompts: chunks)
+    # ONNX Runtime's optimized graphs, kept so a restart skips optimizing (None: not kept)
+    cache_dir: Path | None = field(default_factory=default_cache_dir)
 
     @property
     def limits(self) -> SchedulerLimits:
@@ -63,6 +66,8 @@ def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, Eng
     """Load every model of `spec` (not started: call `await engine.start()` in the lifespan)."""
     config = config or EngineConfig()
     return {
-        model_id: LocalEngine(model_id, path, limits=config.limits, threads=config.threads)
+        model_id: LocalEngine(
+            model_id, path, limits=config.limits, threads=config.threads, cache_dir=config.cache_dir
+        )
         for model_id, path in parse_models_spec(spec)
     }

@@ -101,7 +101,9 @@ def sample(logits: np.ndarray, states: Sequence[SamplerState]) -> list[TokenChoi
     tokens = np.empty(len(states), dtype=np.int64)
 
     greedy = [i for i, s in enumerate(states) if s.params.temperature == 0]
-    if greedy:
+    if len(greedy) == len(states):  # the common case: one argmax, no copy of the rows
+        tokens[:] = np.argmax(adjusted, axis=1)
+    elif greedy:
         tokens[greedy] = np.argmax(adjusted[greedy], axis=1)
 
     sampled = [i for i, s in enumerate(states) if s.params.temperature != 0]

@@ -74,8 +74,10 @@ class _ExportCache(dict):
         return self[arch]
 
 
-def make_engine(path: Path, **limits: Any) -> LocalEngine:
-    return LocalEngine(path.name, path, limits=SchedulerLimits(**limits), threads=1)
+def make_engine(path: Path, *, cache_dir: Path | None = None, **limits: Any) -> LocalEngine:
+    return LocalEngine(
+        path.name, path, limits=SchedulerLimits(**limits), threads=1, cache_dir=cache_dir
+    )
 
 
 @pytest.fixture
