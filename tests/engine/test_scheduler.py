@@ -201,3 +201,17 @@ def test_a_running_stream_gets_a_token_after_every_chunk_of_a_long_prompt() -> N
     # the fifth completes it: its first token, then the decode step that both share.
     assert timeline == [(3, 0), (4, 0), (5, 0), (6, 0), (7, 2)]
     assert scheduler.counts() == (2, 0) and scheduler.last_batch_size == 2
+
+
+def test_a_request_aborted_part_way_through_its_prefill_never_joins() -> None:
+    engine = make_engine(DEMO_DIR, max_prefill_tokens=4)
+    scheduler = engine.scheduler
+    long = manual_sequence(engine, greedy("long", PROMPT * 2, 5))
+    scheduler.submit(long)
+    scheduler.step()
+    assert scheduler.counts() == (1, 0) and list(long.queue) == []
+
+    scheduler.abort("long")
+    scheduler.step()
+
+    assert list(long.queue) == [END] and scheduler.counts() == (0, 0)
