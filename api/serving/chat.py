@@ -102,6 +102,7 @@ class PreparedChat:
     closed: bool = False
     last_checkpoint: float = field(default_factory=time.monotonic)
     events: AsyncGenerator[str] | None = None  # the SSE stream, once started
+    outputs: AsyncGenerator[Any] | None = None  # the engine outputs it reads
 
 
 def cost_of(tokens: int, price: float) -> int:
@@ -224,6 +225,7 @@ class ChatService:
                 await outputs.aclose()
             await self._settle_shielded(prepared)
             raise
+        prepared.outputs = outputs
         prepared.events = self._stream(prepared, outputs, first)
         return prepared.events
 
@@ -372,9 +374,12 @@ class ChatService:
         `finally`), then settle. The route runs this after every streaming response, so
         generation stops and the bill is final without waiting for garbage collection."""
         events, prepared.events = prepared.events, None
-        if events is not None:
-            with anyio.CancelScope(shield=True):
+        outputs, prepared.outputs = prepared.outputs, None
+        with anyio.CancelScope(shield=True):
+            if events is not None:
                 await events.aclose()
+            if outputs is not None:  # the stream never started: its `finally` did not run
+                await outputs.aclose()
         await self._settle_shielded(prepared)
 
     async def _settle(self, prepared: PreparedChat) -> None:
