@@ -5,7 +5,7 @@ checkpoint, no purchase or usage entry is lost or doubled, and `tokenshop audit`
 The server runs as operators run it, `python -m uvicorn api.main:app_from_environment
 --factory` configured by the environment, so the kill is a real process death: no `finally`,
 no shutdown hook. Holds expire `HOLD_TTL_SECONDS` after their last checkpoint; the test uses
-2 s so the holds of the dead process expire quickly."""
+3 s so the holds of the dead process expire quickly."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def api_process(database_url: str, workdir: Path) -> Iterator[tuple[subprocess.P
         "DATABASE_URL": database_url,
         "SECRET_KEY": TEST_SECRET_KEY,
         "MODELS": f"demo={DEMO_MODEL}",
-        "HOLD_TTL_SECONDS": "2",
+        "HOLD_TTL_SECONDS": "3",
         "CHECKPOINT_SECONDS": "0.2",
         "SWEEP_SECONDS": "0.5",
     }
