@@ -305,27 +305,38 @@ class ChatService:
     async def _outputs(
         self, prepared: PreparedChat, keepalive: float | None
     ) -> AsyncGenerator[tuple[int, GenerationOutput]]:
-        """Every choice's outputs as they come; checkpoints usage and enforces the time limit."""
+        """Every choice's outputs as they come; checkpoints usage and enforces the time limit.
+
+        A request with nothing to show (queued behind a full batch, or prefilling a long
+        prompt) still checkpoints every `checkpoint_seconds`, which pushes its hold's expiry
+        out: otherwise the sweeper would take the hold of a live request that waited longer
+        than the hold TTL, and what it then generated would never be billed."""
         deadline = prepared.accepted_at + self.settings.max_generation_seconds
         streams = [prepared.engine.generate(request) for request in prepared.requests]
         finished: set[int] = set()
         merged = merge_outputs(
             streams,
-            keepalive=keepalive,
+            keepalive=min(keepalive or math.inf, self.settings.checkpoint_seconds),
             deadline=deadline,
             on_output=lambda index, output: self._count(prepared, index, output),
         )
+        last_yield = time.monotonic()
         try:
             async for item in merged:
                 if item is TIMEOUT:  # out of time: the unfinished choices end as "length"
                     for index in set(range(len(streams))) - finished:
                         yield index, self._cut(prepared, index)
                     return
-                if item is not KEEPALIVE:
+                await self._maybe_checkpoint(prepared)
+                if item is KEEPALIVE:
+                    idle = time.monotonic() - last_yield
+                    if keepalive is None or idle < keepalive:
+                        continue  # a checkpoint tick, not yet the client's keep-alive
+                else:
                     index, output = item
                     if output.finished:
                         finished.add(index)
-                    await self._maybe_checkpoint(prepared)
+                last_yield = time.monotonic()
                 yield item
         finally:
             with anyio.CancelScope(shield=True):
@@ -356,8 +367,10 @@ class ChatService:
         now = time.monotonic()
         if now - prepared.last_checkpoint >= self.settings.checkpoint_seconds:
             prepared.last_checkpoint = now
+            # nothing generated yet: only extend the hold (a crash now must not bill the prompt)
+            used = prepared.tally.cost() if prepared.tally.completion_tokens else 0
             try:
-                await self.books.checkpoint(prepared.id, prepared.tally.cost())
+                await self.books.checkpoint(prepared.id, used)
             except DATABASE_UNAVAILABLE as exc:  # the hold still caps it; settling bills it all
                 logger.warning(
                     "checkpoint of %s failed, generation goes on: %s",

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -29,7 +30,7 @@ from billing.models import Hold, LedgerEntry, utcnow
 from tests.api.conftest import DEMO_MODEL, ROOT, free_port
 from tests.conftest import TEST_SECRET_KEY
 from tests.factories import make_account, make_key, make_purchase
-from tests.faults import poll
+from tests.faults import demo_engine, poll
 
 STREAMS = 3
 PROMPT = [{"role": "user", "content": "Tell me a long story."}]
@@ -216,3 +217,47 @@ def purchases(rows: list[LedgerEntry]) -> list[tuple[int | None, int, int | None
 
 def _naive(moment: datetime) -> datetime:
     return moment.replace(tzinfo=None)
+
+
+def test_the_sweeper_leaves_a_live_request_alone_however_long_it_waits(
+    start_server, make_funded_key, engine: Engine
+) -> None:
+    """The other side of the start-up sweep: a hold expires only when its process stopped
+    checkpointing. A request queued behind a full batch for longer than the hold TTL is still
+    alive, keeps its hold, and is billed in full for what it then generates."""
+    one_at_a_time = demo_engine(str(DEMO_MODEL), max_active_sequences=1)
+    server = start_server(
+        engines={"demo": one_at_a_time},
+        hold_ttl_seconds=1,
+        checkpoint_seconds=0.2,
+        sweep_seconds=0.2,
+    )
+    key = make_funded_key(100_000)
+    answers: dict[str, httpx.Response] = {}
+
+    def ask(name: str, max_tokens: int) -> None:
+        answers[name] = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": "demo", "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=120,
+        )
+
+    first = threading.Thread(target=ask, args=("first", 2000))
+    second = threading.Thread(target=ask, args=("second", 50))
+    first.start()
+    poll(lambda: one_at_a_time.stats().active_sequences == 1, within=30, what="first running")
+    second.start()
+    poll(lambda: one_at_a_time.stats().queued_sequences == 1, within=30, what="second queued")
+    queued_at = time.monotonic()
+    first.join(timeout=120)
+    second.join(timeout=120)
+    # the second waited in the queue for longer than its hold's TTL
+    assert time.monotonic() - queued_at > 1
+
+    final = {e.request_id: e for e in entries(engine) if e.kind == "usage"}
+    for name in ("first", "second"):
+        answer = answers[name].json()
+        assert answers[name].status_code == 200
+        assert -final[answer["id"]].amount == answer["usage"]["total_tokens"]
+    assert {hold.state for hold in holds(engine).values()} == {"settled"}
