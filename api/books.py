@@ -73,8 +73,9 @@ class Books:
 
     async def settle(
         self, hold_id: str, *, cost: int, prompt_tokens: int, completion_tokens: int
-    ) -> None:
-        await self._run(
+    ) -> bool:
+        """False if the hold was already resolved (by the sweeper): nothing was charged."""
+        entry = await self._run(
             lambda s: ledger.settle(
                 session=s,
                 hold_id=hold_id,
@@ -83,6 +84,7 @@ class Books:
                 completion_tokens=completion_tokens,
             )
         )
+        return entry is not None
 
     async def release(self, hold_id: str) -> None:
         await self._run(lambda s: ledger.release(session=s, hold_id=hold_id))

@@ -422,12 +422,20 @@ class ChatService:
         tally = prepared.tally
         if tally.completion_tokens == 0:
             await self.books.release(prepared.id)
-        else:
-            await self.books.settle(
+        elif not await self.books.settle(
+            prepared.id,
+            cost=tally.cost(),
+            prompt_tokens=tally.prompt_tokens,
+            completion_tokens=tally.completion_tokens,
+        ):
+            # already resolved: by an earlier attempt whose reply was lost, or by the sweeper
+            # (the hold expired while the database was out of reach for longer than the hold
+            # TTL), which billed the last checkpoint; either way it stands
+            logger.warning(
+                "%s was already resolved when settled (%d tokens used); if the sweeper did "
+                "it, the last checkpoint was billed",
                 prepared.id,
-                cost=tally.cost(),
-                prompt_tokens=tally.prompt_tokens,
-                completion_tokens=tally.completion_tokens,
+                tally.prompt_tokens + tally.completion_tokens,
             )
 
     async def _settle_later(self, prepared: PreparedChat) -> None:
