@@ -119,8 +119,7 @@ def internal_error() -> OpenAIError:
 def database_unavailable() -> OpenAIError:
     return OpenAIError(
         503,
-        "The service is temporarily unable to reach its database. Please retry shortly; "
-        "nothing was charged for this request.",
+        "The service is temporarily unable to reach its database. Please retry shortly.",
         type="server_error",
         code="service_unavailable",
         headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
