@@ -1,6 +1,7 @@
 """Benchmark the engine on a random-weight model with Qwen2.5-0.5B's shape (issue 3).
 
     .venv/bin/python bench/engine.py [--tokens 48] [--threads N]
+    .venv/bin/python bench/engine.py --mode rates|latency [--model DIR] [--rounds 3]
 
 Builds the model from a config (no hub), exports it once with optimum-onnx into bench/out/
 (git-ignored; ~70 s, ~5.5 GB peak), then on that one ONNX file measures, in one run:
@@ -13,13 +14,23 @@ Builds the model from a config (no hub), exports it once with optimum-onnx into 
 Decode rates exclude the prefill (tokens 2..N over the time since token 1); aggregate rates are
 all tokens over the wall time from submitting the first request to the end of the last. Figures
 drift run to run on a shared 2-core machine; ratios within one run are what the targets compare.
+
+The other modes repeat their variants round by round (so drift hits each alike) and print medians:
+`rates` times the bare loop against the engine with 1 and 8 streams; `latency` times the first
+token of a 512-token prompt on an idle engine and with 8 streams running, and the worst gap
+between two tokens of a running stream while a 2,000-token prompt joins, prefilled in chunks of
+`max_prefill_tokens` or in one call. `--model` picks another export (e.g. a quantized variant
+made by bench/quantize.py); BENCH_ENGINE_ROOT=<checkout> measures another checkout's engine (a
+git worktree of an older commit) with this same harness.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
+import os
 import shutil
 import sys
 import time
@@ -30,6 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("BENCH_ENGINE_ROOT", str(ROOT)))
 
 from api.engine.engine import LocalEngine  # noqa: E402
 from api.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
@@ -189,13 +201,147 @@ def optimum_generate(
     return rate, ttft
 
 
+async def _consume(stream, times: list[float]) -> None:
+    async for _ in stream:
+        times.append(time.perf_counter())
+
+
+async def _running_streams(engine: LocalEngine, count: int) -> tuple[list, list[list[float]]]:
+    """`count` long greedy streams, returned once each has its second token."""
+    streams, times = [], []
+    for i in range(count):
+        request = GenerationRequest(
+            f"run{i}-{time.monotonic_ns()}",
+            prompt(16, seed=i),
+            SamplingParams(max_tokens=100_000, temperature=0),
+        )
+        streams.append(engine.generate(request))
+        times.append([])
+    tasks = [asyncio.create_task(_consume(s, t)) for s, t in zip(streams, times, strict=True)]
+    while min(len(t) for t in times) < 2:
+        await asyncio.sleep(0.005)
+    return tasks, times
+
+
+async def _first_token(engine: LocalEngine, ids: list[int]) -> float:
+    """Seconds from submitting `ids` until its first token arrives."""
+    started = time.perf_counter()
+    request = GenerationRequest(f"p{time.monotonic_ns()}", ids, SamplingParams(max_tokens=1))
+    async for _ in engine.generate(request):
+        break
+    return time.perf_counter() - started
+
+
+async def ttft_with_running(engine: LocalEngine, running: int, prompt_len: int) -> float:
+    """Time to first token of a `prompt_len` prompt while `running` streams decode."""
+    tasks, _ = await _running_streams(engine, running) if running else ([], [])
+    ttft = await _first_token(engine, prompt(prompt_len, seed=99))
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return ttft
+
+
+async def gap_while_joining(
+    engine: LocalEngine, prompt_len: int, chunk: int
+) -> tuple[float, float]:
+    """(worst gap between two tokens of a running stream while a `prompt_len` prompt joins,
+    prefilled `chunk` tokens per iteration; that prompt's time to first token)."""
+    scheduler = engine.scheduler
+    scheduler.limits = dataclasses.replace(scheduler.limits, max_prefill_tokens=chunk)
+    tasks, (times,) = await _running_streams(engine, 1)
+    joined = time.perf_counter()
+    ttft = await _first_token(engine, prompt(prompt_len, seed=98))
+    seen = len(times)
+    while len(times) < seen + 2:  # the gap that spans the join's end is counted too
+        await asyncio.sleep(0.005)
+    tasks[0].cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    before = [t for t in times if t < joined][-1:]
+    window = before + [t for t in times if t >= joined]
+    return float(np.max(np.diff(window))), ttft
+
+
+def _median_table(title: str, rows: dict[str, list[float]], unit: str) -> None:
+    print(f"\n| {title} | median {unit} | min | max | runs |\n|---|---:|---:|---:|---:|")
+    for name, values in rows.items():
+        print(
+            f"| {name} | {np.median(values):.3f} | {min(values):.3f} | {max(values):.3f} "
+            f"| {len(values)} |"
+        )
+
+
+async def rates_mode(engine: LocalEngine, rounds: int, tokens: int, prompt_len: int) -> None:
+    """Bare loop vs engine with 1 and 8 streams, interleaved round by round."""
+    rows: dict[str, list[float]] = {"bare loop": [], "engine 1 stream": [], "engine 8 streams": []}
+    await engine_streams(engine, 1, 4, prompt_len)  # warm-up
+    for _ in range(rounds):
+        rows["bare loop"].append(bare_loop(engine, prompt(prompt_len, 0), tokens)[1])
+        # Like the bare loop's, the one-stream figure counts tokens 2..N (prefill excluded).
+        rows["engine 1 stream"].append((await engine_streams(engine, 1, tokens, prompt_len))[0])
+        rows["engine 8 streams"].append((await engine_streams(engine, 8, tokens, prompt_len))[1])
+        print({k: round(v[-1], 2) for k, v in rows.items()}, flush=True)
+    _median_table("decode (8 streams: aggregate)", rows, "tok/s")
+
+
+async def latency_mode(engine: LocalEngine, rounds: int, long_prompt: int, chunk: int) -> None:
+    """TTFT of a 512-token prompt idle and beside 8 streams; gaps while a long prompt joins."""
+    ttft: dict[str, list[float]] = {"idle": [], "8 streams running": []}
+    gaps: dict[str, list[float]] = {f"chunks of {chunk}": [], "one call": []}
+    joined_ttft: dict[str, list[float]] = {name: [] for name in gaps}
+    await ttft_with_running(engine, 0, 16)  # warm-up
+    for _ in range(rounds):
+        ttft["idle"].append(await ttft_with_running(engine, 0, 512))
+        ttft["8 streams running"].append(await ttft_with_running(engine, 8, 512))
+        for name, size in zip(gaps, (chunk, long_prompt), strict=True):
+            if long_prompt:
+                gap, first = await gap_while_joining(engine, long_prompt, size)
+                gaps[name].append(gap)
+                joined_ttft[name].append(first)
+        print({k: round(v[-1], 3) for k, v in {**ttft, **gaps}.items() if v}, flush=True)
+    _median_table("time to first token, 512-token prompt", ttft, "s")
+    if not long_prompt:
+        return
+    _median_table(f"worst inter-token gap while a {long_prompt}-token prompt joins", gaps, "s")
+    _median_table(f"time to first token of that {long_prompt}-token prompt", joined_ttft, "s")
+
+
+def run_mode(args: argparse.Namespace, path: Path) -> None:
+    engine = LocalEngine(
+        "bench", path, limits=SchedulerLimits(max_active_sequences=16), threads=args.threads
+    )
+    chunk = engine.scheduler.limits.max_prefill_tokens
+    print(f"model {path}, engine from {os.environ.get('BENCH_ENGINE_ROOT', ROOT)}", flush=True)
+
+    async def go() -> None:
+        await engine.start()
+        try:
+            if args.mode == "rates":
+                await rates_mode(engine, args.rounds, args.tokens, args.prompt)
+            else:
+                await latency_mode(engine, args.rounds, args.long_prompt, chunk)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(go())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=48, help="tokens generated per stream")
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per stream")
     parser.add_argument("--threads", type=int, default=None, help="ORT intra-op threads")
+    parser.add_argument("--mode", choices=("all", "rates", "latency"), default="all")
+    parser.add_argument("--model", type=Path, default=None, help="export dir (default: fp32)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the rates/latency modes")
+    parser.add_argument(
+        "--long-prompt", type=int, default=2000, help="latency: prompt that joins (0: skip)"
+    )
     args = parser.parse_args()
-    path = build_and_export()
+    path = args.model or build_and_export()
+    if args.mode != "all":
+        run_mode(args, path)
+        return 0
 
     engine = LocalEngine(
         "bench", path, limits=SchedulerLimits(max_active_sequences=16), threads=args.threads
