@@ -136,7 +136,8 @@ def ensure_export(source: Path, precision: str, rebuild: bool) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
     quantize = [] if precision == "fp32" else ["--quantize", precision]
-    run([Path(sys.executable).parent / "tokenshop", "export-model", source, out, *quantize])
+    tokenshop = Path(sys.executable).parent / "tokenshop"
+    run([tokenshop, "export-model", source, out, *quantize], stdout=sys.stderr)
     done.touch()
     say(f"{precision}: exported in {time.perf_counter() - started:.0f} s")
     return out
@@ -556,7 +557,7 @@ def _direct_measure(worker: Worker) -> Callable[[str, int], dict[str, float] | N
     def measure(kind: str, value: int) -> dict[str, float] | None:
         if kind == "streams":
             return worker.call(op="streams", streams=value, tokens=PLAN.tokens, prompt=PLAN.prompt)
-        return worker.call(op="ttft", running=value, prompt=PLAN.ttft_prompt, short=PLAN.prompt)
+        return worker.call(op="ttft", running=value, prompt=PLAN.ttft_prompt)
 
     return measure
 
@@ -594,14 +595,23 @@ def rotated(items: list[Peer], by: int) -> Iterator[Peer]:
     yield from items[by:] + items[:by]
 
 
-def measure_rounds(peers: list[Peer], rounds: int) -> None:
-    """Round by round, every measurement of every peer once, peers in a rotating order."""
+def measure_rounds(peers: list[Peer], rounds: int, budget_s: float) -> int:
+    """Round by round, every measurement of every peer once, peers in a rotating order.
+
+    A round is not started when the rounds so far say it would end after `budget_s`: on a
+    loaded machine fewer rounds beat no table. Returns the rounds completed."""
     kinds = [("streams", 1), *(("streams", s) for s in PLAN.streams), ("ttft", 0)]
     kinds.append(("ttft", BUSY_STREAMS))
-    for peer in peers:  # warm-up: first-run allocations and shapes
+    tokens, PLAN.tokens = PLAN.tokens, 4
+    for peer in peers:  # warm-up: first-run allocations (a long prompt's are left to the median)
         peer.measure("streams", 1)
-        peer.measure("ttft", 0)
+    PLAN.tokens = tokens
+    began = time.monotonic()
     for r in range(rounds):
+        elapsed = time.monotonic() - began
+        if r and elapsed + elapsed / r > budget_s:
+            say(f"stopping after {r} rounds: another would pass the {budget_s:.0f} s budget")
+            return r
         for kind, value in kinds:
             for peer in rotated(peers, r):
                 started = time.perf_counter()
@@ -625,6 +635,7 @@ def measure_rounds(peers: list[Peer], rounds: int) -> None:
                     + ", ".join(f"{k} {v:.3f}" for k, v in result.items())
                     + f" ({time.perf_counter() - started:.1f} s)"
                 )
+    return rounds
 
 
 # --- reporting -----------------------------------------------------------------------------------
@@ -636,7 +647,7 @@ def fmt(value: float, digits: int = 1) -> str:
 
 def table(peers: list[Peer], bandwidth: float) -> str:
     streams = PLAN.streams
-    head = ["engine", "precision", "floor tok/s", "1 stream tok/s", "of floor"]
+    head = ["engine", "precision", "MB read/token", "floor tok/s", "1 stream tok/s", "of floor"]
     head += [f"{s} streams tok/s" for s in streams]
     head += [
         f"TTFT {PLAN.ttft_prompt} idle s",
@@ -644,10 +655,12 @@ def table(peers: list[Peer], bandwidth: float) -> str:
         "peak RSS MB",
     ]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    for peer in peers:
+    order = sorted(peers, key=lambda p: (PRECISIONS.index(p.precision), ENGINES.index(p.engine)))
+    for peer in order:
         floor = bandwidth * 1e9 / peer.floor_bytes
         one = peer.median("one")
-        row = [LABELS[peer.engine], peer.precision, fmt(floor), fmt(one), fmt(one / floor, 2)]
+        row = [LABELS[peer.engine], peer.precision, fmt(peer.floor_bytes / 1e6, 0), fmt(floor)]
+        row += [fmt(one), fmt(one / floor, 2)]
         row += [fmt(peer.median(f"agg{s}")) for s in streams]
         row += [fmt(peer.median("ttft"), 3), fmt(peer.median("ttft_busy"), 3)]
         row.append(fmt(peak_rss_mb(peer.pid), 0))
@@ -776,6 +789,9 @@ def main() -> int:
     )
     parser.add_argument("--ttft-prompt", type=int, default=512)
     parser.add_argument("--port", type=int, default=8731)
+    parser.add_argument(
+        "--budget-minutes", type=float, default=600, help="start no round that would end later"
+    )
     parser.add_argument("--rebuild", action="store_true", help="export and build again")
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()
@@ -809,7 +825,7 @@ def main() -> int:
             path = genai[peer.precision] if peer.engine == "genai" else exports[peer.precision]
             files = sorted(path.glob("*.onnx"))
             peer.floor_bytes = bytes_per_token(files[0])
-        measure_rounds(peers, args.rounds)
+        rounds = measure_rounds(peers, args.rounds, args.budget_minutes * 60)
         after, _ = read_bandwidth()
         # Other work on a shared machine only lowers it: the higher of the two is the closer
         # estimate of what the memory can deliver, and the stricter floor.
@@ -828,7 +844,7 @@ def main() -> int:
     print(
         f"read bandwidth {bandwidth:.1f} GB/s ({how}; {before:.1f} before the rounds, "
         f"{after:.1f} after); {PLAN.tokens} tokens per stream, "
-        f"{PLAN.prompt}-token prompts, greedy; median of {args.rounds} interleaved rounds"
+        f"{PLAN.prompt}-token prompts, greedy; median of {rounds} interleaved rounds"
     )
     if genai_note:
         print(genai_note)
@@ -843,7 +859,7 @@ def main() -> int:
         "bandwidth_gbs": bandwidth,
         "bandwidth_before_after_gbs": [before, after],
         "plan": PLAN.__dict__,
-        "rounds": args.rounds,
+        "rounds": rounds,
         "peers": [
             {
                 "engine": p.engine,
