@@ -804,6 +804,7 @@ def main() -> int:
     PLAN.streams = [int(s) for s in args.streams.split(",") if s]
     WORK.mkdir(parents=True, exist_ok=True)
 
+    measured = commit()  # at the start: others may commit while this runs
     source = build_source(WORK / "src")  # not bench/engine.py's: its export deletes that one
     exports = {p: ensure_export(source, p, args.rebuild) for p in precisions}
     genai: dict[str, Path] = {}
@@ -840,7 +841,7 @@ def main() -> int:
     versions = f"onnxruntime {onnxruntime.__version__}" + "".join(
         f", onnxruntime-genai {v}" for v in sorted(set(GENAI_VERSIONS))
     )
-    print(f"commit {commit()}; {describe_machine()}; {versions}")
+    print(f"commit {measured}; {describe_machine()}; {versions}")
     print(
         f"read bandwidth {bandwidth:.1f} GB/s ({how}; {before:.1f} before the rounds, "
         f"{after:.1f} after); {PLAN.tokens} tokens per stream, "
@@ -854,7 +855,7 @@ def main() -> int:
     print("\n".join(checks))
     plot(peers, args.plot, bandwidth)
     results = {
-        "commit": commit(),
+        "commit": measured,
         "machine": describe_machine(),
         "bandwidth_gbs": bandwidth,
         "bandwidth_before_after_gbs": [before, after],
