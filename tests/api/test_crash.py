@@ -228,7 +228,7 @@ def test_the_sweeper_leaves_a_live_request_alone_however_long_it_waits(
     one_at_a_time = demo_engine(str(DEMO_MODEL), max_active_sequences=1)
     server = start_server(
         engines={"demo": one_at_a_time},
-        hold_ttl_seconds=1,
+        hold_ttl_seconds=2,
         checkpoint_seconds=0.2,
         sweep_seconds=0.2,
     )
@@ -236,14 +236,17 @@ def test_the_sweeper_leaves_a_live_request_alone_however_long_it_waits(
     answers: dict[str, httpx.Response] = {}
 
     def ask(name: str, max_tokens: int) -> None:
+        body = {"model": "demo", "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0}
+        if name == "first":  # 20 alternatives a token: slow enough to keep the second waiting
+            body |= {"logprobs": True, "top_logprobs": 20}
         answers[name] = httpx.post(
             f"{server.base_url}/chat/completions",
-            json={"model": "demo", "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0},
+            json=body,
             headers={"Authorization": f"Bearer {key}"},
             timeout=120,
         )
 
-    first = threading.Thread(target=ask, args=("first", 2000))
+    first = threading.Thread(target=ask, args=("first", 1000))
     second = threading.Thread(target=ask, args=("second", 50))
     first.start()
     poll(lambda: one_at_a_time.stats().active_sequences == 1, within=30, what="first running")
@@ -253,7 +256,7 @@ def test_the_sweeper_leaves_a_live_request_alone_however_long_it_waits(
     first.join(timeout=120)
     second.join(timeout=120)
     # the second waited in the queue for longer than its hold's TTL
-    assert time.monotonic() - queued_at > 1
+    assert time.monotonic() - queued_at > 2
 
     final = {e.request_id: e for e in entries(engine) if e.kind == "usage"}
     for name in ("first", "second"):
