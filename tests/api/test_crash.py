@@ -9,28 +9,29 @@ no shutdown hook. Holds expire `HOLD_TTL_SECONDS` after their last checkpoint; t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
+from api.engine.protocol import EngineClient, GenerationOutput, GenerationRequest
 from billing.db import reading
 from billing.models import Hold, LedgerEntry, utcnow
 from tests.api.conftest import DEMO_MODEL, ROOT, free_port
 from tests.conftest import TEST_SECRET_KEY
 from tests.factories import make_account, make_key, make_purchase
-from tests.faults import demo_engine, poll
+from tests.faults import DelegatingEngine, demo_engine, poll
 
 STREAMS = 3
 PROMPT = [{"role": "user", "content": "Tell me a long story."}]
@@ -219,48 +220,64 @@ def _naive(moment: datetime) -> datetime:
     return moment.replace(tzinfo=None)
 
 
+class GatedEngine(DelegatingEngine):
+    """Holds every output back until `gate` opens: to the serving layer the request is alive
+    and has nothing to show, as when it waits behind a full batch."""
+
+    def __init__(self, inner: EngineClient) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        return self._gated(self.inner.generate(request))
+
+    async def _gated(
+        self, stream: AsyncIterator[GenerationOutput]
+    ) -> AsyncIterator[GenerationOutput]:
+        try:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.01)
+            async for output in stream:
+                yield output
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
 def test_the_sweeper_leaves_a_live_request_alone_however_long_it_waits(
     start_server, make_funded_key, engine: Engine
 ) -> None:
     """The other side of the start-up sweep: a hold expires only when its process stopped
-    checkpointing. A request queued behind a full batch for longer than the hold TTL is still
-    alive, keeps its hold, and is billed in full for what it then generates."""
-    one_at_a_time = demo_engine(str(DEMO_MODEL), max_active_sequences=1)
+    checkpointing. A request that waits with nothing to show for longer than the hold TTL is
+    still alive, keeps its hold, and is billed in full for what it then generates."""
+    gated = GatedEngine(demo_engine(str(DEMO_MODEL)))
+    ttl, sweep = 2, 0.2
     server = start_server(
-        engines={"demo": one_at_a_time},
-        hold_ttl_seconds=2,
-        checkpoint_seconds=0.2,
-        sweep_seconds=0.2,
+        engines={"demo": gated}, hold_ttl_seconds=ttl, checkpoint_seconds=0.2, sweep_seconds=sweep
     )
     key = make_funded_key(100_000)
-    answers: dict[str, httpx.Response] = {}
-
-    def ask(name: str, max_tokens: int) -> None:
-        body = {"model": "demo", "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0}
-        if name == "first":  # 20 alternatives a token: slow enough to keep the second waiting
-            body |= {"logprobs": True, "top_logprobs": 20}
-        answers[name] = httpx.post(
-            f"{server.base_url}/chat/completions",
-            json=body,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=120,
+    answers: list[httpx.Response] = []
+    asker = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(
+                f"{server.base_url}/chat/completions",
+                json={"model": "demo", "messages": PROMPT, "max_tokens": 50},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=60,
+            )
         )
+    )
+    asker.start()
+    poll(lambda: len(holds(engine)) == 1, within=30, what="the hold placed")
+    (placed,) = holds(engine).values()
+    # wait until its first expiry is well past, and the sweeper has run several times since
+    past = _naive(placed.expires_at) + timedelta(seconds=3 * sweep)
+    poll(lambda: _naive(utcnow()) > past, within=30, what="the first expiry passed")
+    gated.gate.set()
+    asker.join(timeout=60)
 
-    first = threading.Thread(target=ask, args=("first", 1000))
-    second = threading.Thread(target=ask, args=("second", 50))
-    first.start()
-    poll(lambda: one_at_a_time.stats().active_sequences == 1, within=30, what="first running")
-    second.start()
-    poll(lambda: one_at_a_time.stats().queued_sequences == 1, within=30, what="second queued")
-    queued_at = time.monotonic()
-    first.join(timeout=120)
-    second.join(timeout=120)
-    # the second waited in the queue for longer than its hold's TTL
-    assert time.monotonic() - queued_at > 2
-
-    final = {e.request_id: e for e in entries(engine) if e.kind == "usage"}
-    for name in ("first", "second"):
-        answer = answers[name].json()
-        assert answers[name].status_code == 200
-        assert -final[answer["id"]].amount == answer["usage"]["total_tokens"]
-    assert {hold.state for hold in holds(engine).values()} == {"settled"}
+    (answer,) = answers
+    assert answer.status_code == 200
+    (entry,) = [e for e in entries(engine) if e.kind == "usage"]
+    assert entry.request_id == answer.json()["id"]
+    assert -entry.amount == answer.json()["usage"]["total_tokens"]
+    assert [hold.state for hold in holds(engine).values()] == ["settled"]
