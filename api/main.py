@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from datetime import timedelta
+from pathlib import Path
 
 from anyio import to_thread
 from fastapi import FastAPI
@@ -92,8 +93,18 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         max_active_sequences=settings.max_active_sequences,
         max_queued=settings.max_queued,
         threads=settings.engine_threads or None,
+        max_prefill_tokens=settings.max_prefill_tokens,
+        cache_dir=_engine_cache_dir(settings.engine_cache_dir),
     )
     return await to_thread.run_sync(load_engines, settings.models, config)
+
+
+def _engine_cache_dir(setting: str | None) -> Path | None:
+    from api.engine.ort_cache import default_cache_dir
+
+    if setting is None:
+        return default_cache_dir()
+    return Path(setting) if setting else None
 
 
 async def _sweep_once(books: Books) -> None:

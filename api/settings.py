@@ -27,6 +27,10 @@ class ApiSettings(BillingSettings):
     max_active_sequences: int = 16
     max_queued: int = 256
     engine_threads: int = 0  # 0: ONNX Runtime's default
+    max_prefill_tokens: int = Field(default=256, ge=16)  # longer prompts are prefilled in chunks
+    # ONNX Runtime's optimized graphs, kept so a restart skips optimizing.
+    # None: $XDG_CACHE_HOME/tokenshop/onnx; "": keep none.
+    engine_cache_dir: str | None = None
 
     @field_validator("model_prices")
     @classmethod

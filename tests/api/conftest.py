@@ -80,6 +80,7 @@ def api_settings(database_url: str, tmp_path: Path) -> ApiSettings:
         secret_key=TEST_SECRET_KEY,
         secret_file=tmp_path / "secret",
         models=f"demo={DEMO_MODEL}",
+        engine_cache_dir=str(tmp_path / "onnx-cache"),  # not the user's own cache
     )
 
 

@@ -17,6 +17,17 @@ def test_health_and_ready(server):
     assert ready.json()["checks"] == {"database": "ok", "model:demo": "ok"}
 
 
+def test_the_optimized_graph_is_kept_where_the_operator_said(start_server, tmp_path):
+    start_server(engine_cache_dir=str(tmp_path / "graphs"))
+    assert any((tmp_path / "graphs").iterdir()), "a restart would optimize the graph again"
+
+
+def test_an_empty_engine_cache_dir_keeps_no_graph(start_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # where the default would go
+    start_server(engine_cache_dir="")
+    assert not (tmp_path / "xdg").exists() and not (tmp_path / "onnx-cache").exists()
+
+
 def test_metrics_count_requests_and_tokens(server, client):
     completion = client.chat.completions.create(
         model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
