@@ -122,8 +122,9 @@ def books_machine(
         holds = Bundle("holds")
         charges = Bundle("charges")
 
-        @initialize()
-        def open_account(self) -> None:
+        @initialize(opening=st.integers(0, 20_000))
+        def open_account(self, opening: int) -> None:
+            """Usually with tokens already, so that holds, not refusals, fill most sequences."""
             with session_scope(engine) as session:
                 account = Account()
                 session.add(account)
@@ -133,8 +134,10 @@ def books_machine(
                 self.key, _ = keys.ensure_key(
                     session=session, account_id=account.id, secret_key=secret_key
                 )
+                if opening:
+                    ledger.grant(session=session, account_id=account.id, tokens=opening)
             account_id_of[0] = self.account_id
-            self.model = Model()
+            self.model = Model(balance=opening)
 
         # Money in.
         @rule(target=charges, tokens=st.integers(1, 5_000))
