@@ -59,7 +59,7 @@ def credit(
     """Add tokens to an account with their ledger entry (purchases and operator grants)."""
     if tokens <= 0:
         raise InvalidAmount(f"Token amounts must be positive, got {tokens}.")
-    _lock_account(session, account_id)
+    lock_account(session, account_id)
     session.execute(
         update(Account)
         .where(col(Account.id) == account_id)
@@ -186,7 +186,7 @@ def _resolve(
     row = session.get(Hold, hold_id, populate_existing=True)
     if row is None or row.state != "held":
         return None
-    _lock_account(session, row.account_id)
+    lock_account(session, row.account_id)
     charge = max(0, min(cost, row.amount))
     changed = session.execute(
         update(Hold)
@@ -222,7 +222,7 @@ def refund_purchase(*, session: Session, charge_id: str) -> RefundResult:
     ).first()
     if purchase is None:
         raise PurchaseNotFound(f"No purchase with charge id {charge_id!r}.")
-    _lock_account(session, purchase.account_id)
+    lock_account(session, purchase.account_id)
     marked = session.execute(
         update(Purchase)
         .where(col(Purchase.id) == purchase.id, col(Purchase.refunded_at).is_(None))
@@ -343,6 +343,10 @@ def _available(session: Session, account_id: int) -> int:
     return int(balance - held)
 
 
-def _lock_account(session: Session, account_id: int) -> None:
-    """Take the account row's lock first (PostgreSQL; SQLite's BEGIN IMMEDIATE already did)."""
+def lock_account(session: Session, account_id: int) -> None:
+    """Take the account row's lock first (PostgreSQL; SQLite's BEGIN IMMEDIATE already did).
+
+    Every writer locks the account before any row that refers to it: inserting such a row takes
+    a key-share lock on the account, and taking the account's lock after that deadlocks against
+    a writer doing the same in the other order."""
     session.execute(select(Account.id).where(col(Account.id) == account_id).with_for_update())

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from billing.errors import OrderError
-from billing.ledger import credit
+from billing.ledger import credit, lock_account
 from billing.models import Account, Order, Purchase, utcnow
 from billing.packs import Pack
 
@@ -83,6 +83,7 @@ def credit_purchase(
     existing = _find_purchase(session, charge_id)
     if existing is not None:
         return CreditResult(existing, newly_credited=False)
+    lock_account(session, account_id)  # before the purchase row, which refers to it
     purchase = Purchase(
         account_id=account_id,
         order_id=order_id,
