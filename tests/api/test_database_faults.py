@@ -207,17 +207,7 @@ def test_a_stream_whose_settlement_fails_is_billed_in_full_when_the_database_ret
             outage.end()
 
     # the server keeps trying and bills the whole generation once the database is back
-    poll(
-        lambda: hold_states(engine)[chat_id] == "settled",
-        within=10,
-        what="the stream's hold settled",
-        every=0.1,
-    )
-    (entry,) = usage_entries(engine)
-    assert entry.request_id == chat_id
-    assert entry.completion_tokens == usage["completion_tokens"]
-    assert -entry.amount == usage["total_tokens"]
-    assert audit(engine) == []
+    assert_billed_in_full(engine, chat_id, usage)
 
 
 def test_an_answer_whose_settlement_fails_is_sent_and_billed_when_the_database_returns(
@@ -245,13 +235,20 @@ def test_an_answer_whose_settlement_fails_is_sent_and_billed_when_the_database_r
     finally:
         outage.end()
 
+    assert_billed_in_full(engine, chat_id, usage)
+
+
+def assert_billed_in_full(engine: Engine, chat_id: str, usage: dict) -> None:
+    """The request's hold settles once the database is back, for exactly what the client was
+    told it used, and the books balance."""
     poll(
         lambda: hold_states(engine)[chat_id] == "settled",
         within=10,
-        what="the answer's hold settled",
+        what=f"the hold of {chat_id} settled",
         every=0.1,
     )
     (entry,) = usage_entries(engine)
+    assert entry.request_id == chat_id
     assert entry.completion_tokens == usage["completion_tokens"]
     assert -entry.amount == usage["total_tokens"]
     assert audit(engine) == []
