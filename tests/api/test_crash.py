@@ -116,6 +116,15 @@ class Stream(threading.Thread):
             pass  # the server died under us: what this test is about
 
 
+def short_answer(base: str, key: str) -> httpx.Response:
+    return httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "demo", "messages": PROMPT, "max_tokens": 8},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
 def holds(db: Engine) -> dict[str, Hold]:
     with Session(reading(db), expire_on_commit=False) as session:
         return {h.id: h for h in session.exec(select(Hold))}
@@ -152,12 +161,7 @@ def test_a_killed_server_leaves_nothing_open_after_a_restart(
     before = entries(engine)
 
     with api_process(database_url, tmp_path) as (process, base):
-        finished = httpx.post(
-            f"{base}/v1/chat/completions",
-            json={"model": "demo", "messages": PROMPT, "max_tokens": 8},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=60,
-        )
+        finished = short_answer(base, key)
         assert finished.status_code == 200
         streams = [Stream(base, key) for _ in range(STREAMS)]
         for stream in streams:
@@ -188,12 +192,7 @@ def test_a_killed_server_leaves_nothing_open_after_a_restart(
     with api_process(database_url, tmp_path) as (_, base):
         after = holds(engine)
         assert all(after[hold_id].state == "settled" for hold_id in left)
-        again = httpx.post(
-            f"{base}/v1/chat/completions",
-            json={"model": "demo", "messages": PROMPT, "max_tokens": 8},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=60,
-        )
+        again = short_answer(base, key)
         assert again.status_code == 200
 
     # the books: the purchases as they were, one usage entry per request, each killed request

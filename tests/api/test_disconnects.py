@@ -92,16 +92,23 @@ class Dropped:
     dropped_at: float
 
 
-async def stream_then_hang_up(http: httpx.AsyncClient, key: str, tokens: int) -> Dropped:
-    """Stream until `tokens` tokens have arrived, then close the connection."""
-    body = {
+def long_stream(**options: object) -> dict:
+    """A streamed greedy request far longer than any client here waits for; `logprobs` gives
+    one entry per token, so a client counts tokens exactly."""
+    return {
         "model": "demo",
         "messages": PROMPT,
         "max_tokens": LONG,
         "temperature": 0,
         "logprobs": True,
         "stream": True,
+        **options,
     }
+
+
+async def stream_then_hang_up(http: httpx.AsyncClient, key: str, tokens: int) -> Dropped:
+    """Stream until `tokens` tokens have arrived, then close the connection."""
+    body = long_stream()
     headers = {"Authorization": f"Bearer {key}"}
     chat_id, received, buffer = "", 0, b""
     async with http.stream("POST", "/chat/completions", json=body, headers=headers) as response:
@@ -275,15 +282,8 @@ async def test_a_client_that_stops_reading_then_hangs_up_stops_its_generation(
     server = start_server(engines={"demo": watched})
     demo = server.services.engines["demo"]
     key = make_funded_key(1_000_000)
-    body = {
-        "model": "demo",
-        "messages": PROMPT,
-        "max_tokens": LONG,
-        "temperature": 0,
-        "logprobs": True,
-        "top_logprobs": 20,  # about 1.5 kB a token: the socket buffers fill long before the end
-        "stream": True,
-    }
+    # about 1.5 kB a token: the socket buffers fill long before the end
+    body = long_stream(top_logprobs=20)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
         async with http.stream(
             "POST", "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
