@@ -95,6 +95,7 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         threads=settings.engine_threads or None,
         max_prefill_tokens=settings.max_prefill_tokens,
         cache_dir=_engine_cache_dir(settings.engine_cache_dir),
+        fused_attention=settings.engine_fused_attention,
     )
     return await to_thread.run_sync(load_engines, settings.models, config)
 

@@ -31,6 +31,9 @@ class ApiSettings(BillingSettings):
     # ONNX Runtime's optimized graphs, kept so a restart skips optimizing.
     # None: $XDG_CACHE_HOME/tokenshop/onnx; "": keep none.
     engine_cache_dir: str | None = None
+    # Serve attention as ONNX Runtime's GroupQueryAttention over one preallocated KV buffer where
+    # the graph allows (api/engine/fused_attention.py); false serves every graph as exported.
+    engine_fused_attention: bool = True
 
     @field_validator("model_prices")
     @classmethod

@@ -13,7 +13,8 @@ machine's read bandwidth, and then measures every engine x precision:
 - ours through the real HTTP API: a uvicorn process per precision with the default settings,
   streamed chat completions (greedy) from an httpx client;
 - ours directly: `LocalEngine` in a worker process (bench/compare_ours.py);
-- a bare ONNX Runtime greedy loop on that worker's session (the floor of any loop on the graph);
+- a bare ONNX Runtime greedy loop on the graph as exported, in a worker of its own (the floor
+  of any loop on that graph);
 - onnxruntime-genai's C++ loop in its venv (bench/compare_genai.py; static batches).
 
 Figures: one-stream decode tokens/s (tokens 2..N over the time since token 1); aggregate
@@ -522,15 +523,16 @@ def make_peers(
     for precision, path in exports.items():
         if not {"direct", "bare"} & set(engines):
             break
-        worker = Worker(
-            [sys.executable, ROOT / "bench" / "compare_ours.py", path],
-            WORK / f"worker-{precision}.log",
-        )
-        closers.append(worker.close)
-        if "direct" in engines:
-            peers.append(Peer("direct", precision, _direct_measure(worker), worker.proc.pid, 0))
-        if "bare" in engines:
-            peers.append(Peer("bare", precision, _bare_measure(worker), worker.proc.pid, 0))
+        for name, flags in (("direct", []), ("bare", ["--bare"])):
+            if name not in engines:
+                continue
+            worker = Worker(
+                [sys.executable, ROOT / "bench" / "compare_ours.py", path, *flags],
+                WORK / f"worker-{name}-{precision}.log",
+            )
+            closers.append(worker.close)
+            measure = _direct_measure(worker) if name == "direct" else _bare_measure(worker)
+            peers.append(Peer(name, precision, measure, worker.proc.pid, 0))
     if genai:
         python = GENAI_VENV / "bin" / "python"
         for precision, path in genai.items():

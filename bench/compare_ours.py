@@ -1,13 +1,13 @@
 """A worker of `bench/compare.py`: our engine, measured directly, in a process of its own.
 
-    .venv/bin/python bench/compare_ours.py EXPORT_DIR
+    .venv/bin/python bench/compare_ours.py EXPORT_DIR [--bare]
 
 Loads one export with `LocalEngine` (default limits, like the server) and answers one JSON
 command per stdin line with one `@@`-prefixed JSON line on stdout. Each engine lives in its own
 process so its peak RSS is its own, and so the comparison can interleave peers round by round
-without loading them again. The bare ONNX Runtime loop runs on this engine's session (the floor
-of what any generation loop on this graph can do); the measurements themselves are
-`bench/engine.py`'s, reused.
+without loading them again. With `--bare` the worker holds no engine but the export's graph as
+exported, and runs the bare ONNX Runtime loop on it (the floor of what any generation loop on
+that graph can do); the measurements themselves are `bench/engine.py`'s, reused.
 """
 
 from __future__ import annotations
@@ -22,7 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from api.engine.engine import LocalEngine  # noqa: E402
-from bench.engine import bare_loop, engine_streams, prompt, ttft_with_running  # noqa: E402
+from api.engine.model import OnnxCausalLM  # noqa: E402
+from bench.engine import (  # noqa: E402
+    bare_loop,
+    engine_streams,
+    plain_model,
+    prompt,
+    ttft_with_running,
+)
 
 
 async def idle(engine: LocalEngine) -> None:
@@ -43,28 +50,41 @@ async def handle(engine: LocalEngine, command: dict[str, Any]) -> dict[str, Any]
         ttft = await ttft_with_running(engine, command["running"], command["prompt"])
         await idle(engine)
         return {"ttft": ttft}
-    if op == "bare":
-        _, rate = bare_loop(engine, prompt(command["prompt"], 0), command["tokens"])
-        return {"per": rate, "agg": rate}
-    if op == "bare_ttft":
-        return {"ttft": bare_loop(engine, prompt(command["prompt"], 99), 1)[0]}
     raise ValueError(f"unknown op {op!r}")
 
 
-async def serve(path: Path) -> None:
-    engine = LocalEngine("bench", path)  # default limits and threads, as the server's
-    await engine.start()
+def handle_bare(model: OnnxCausalLM, command: dict[str, Any]) -> dict[str, Any]:
+    op = command["op"]
+    if op == "bare":
+        _, rate = bare_loop(model, prompt(command["prompt"], 0), command["tokens"])
+        return {"per": rate, "agg": rate}
+    if op == "bare_ttft":
+        return {"ttft": bare_loop(model, prompt(command["prompt"], 99), 1)[0]}
+    raise ValueError(f"unknown op {op!r}")
+
+
+async def serve(path: Path, *, bare: bool) -> None:
+    engine = None if bare else LocalEngine("bench", path)  # default limits, as the server's
+    model = plain_model(path, None) if bare else None
+    if engine is not None:
+        await engine.start()
     print("@@" + json.dumps({"ready": True}), flush=True)
     try:
         while line := await asyncio.to_thread(sys.stdin.readline):
+            command = json.loads(line)
             try:
-                reply = await handle(engine, json.loads(line))
+                if model is not None:
+                    reply = handle_bare(model, command)
+                else:
+                    assert engine is not None
+                    reply = await handle(engine, command)
             except Exception as exc:  # reported to the orchestrator, which decides
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             print("@@" + json.dumps(reply), flush=True)
     finally:
-        await engine.shutdown()
+        if engine is not None:
+            await engine.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(Path(sys.argv[1])))
+    asyncio.run(serve(Path(sys.argv[1]), bare="--bare" in sys.argv[2:]))

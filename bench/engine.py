@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, os.environ.get("BENCH_ENGINE_ROOT", str(ROOT)))
 
 from api.engine.engine import LocalEngine  # noqa: E402
+from api.engine.model import OnnxCausalLM  # noqa: E402
 from api.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 from api.engine.scheduler import SchedulerLimits  # noqa: E402
 
@@ -109,9 +110,14 @@ def prompt(length: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 2000, size=length).tolist()
 
 
-def bare_loop(engine: LocalEngine, ids: list[int], tokens: int) -> tuple[float, float]:
-    """The floor: the same session, greedy, no batching machinery. Returns (ttft, decode tok/s)."""
-    model = engine.model
+def plain_model(path: Path, threads: int | None) -> OnnxCausalLM:
+    """The export's graph as exported (only the last-position-logits edit): the bare loop's."""
+    return OnnxCausalLM(path, threads=threads, fuse_attention=False)
+
+
+def bare_loop(model: OnnxCausalLM, ids: list[int], tokens: int) -> tuple[float, float]:
+    """The floor of any loop on the exported graph: greedy, feeding `present` back, no batching
+    machinery. Returns (ttft, decode tok/s)."""
     session, spec = model.session, model.spec
     names = ["logits", *spec.present_names]
     started = time.perf_counter()
@@ -271,12 +277,14 @@ def _median_table(title: str, rows: dict[str, list[float]], unit: str) -> None:
         )
 
 
-async def rates_mode(engine: LocalEngine, rounds: int, tokens: int, prompt_len: int) -> None:
+async def rates_mode(
+    engine: LocalEngine, plain: OnnxCausalLM, rounds: int, tokens: int, prompt_len: int
+) -> None:
     """Bare loop vs engine with 1 and 8 streams, interleaved round by round."""
     rows: dict[str, list[float]] = {"bare loop": [], "engine 1 stream": [], "engine 8 streams": []}
     await engine_streams(engine, 1, 4, prompt_len)  # warm-up
     for _ in range(rounds):
-        rows["bare loop"].append(bare_loop(engine, prompt(prompt_len, 0), tokens)[1])
+        rows["bare loop"].append(bare_loop(plain, prompt(prompt_len, 0), tokens)[1])
         # Like the bare loop's, the one-stream figure counts tokens 2..N (prefill excluded).
         rows["engine 1 stream"].append((await engine_streams(engine, 1, tokens, prompt_len))[0])
         rows["engine 8 streams"].append((await engine_streams(engine, 8, tokens, prompt_len))[1])
@@ -317,7 +325,8 @@ def run_mode(args: argparse.Namespace, path: Path) -> None:
         await engine.start()
         try:
             if args.mode == "rates":
-                await rates_mode(engine, args.rounds, args.tokens, args.prompt)
+                plain = plain_model(path, args.threads)
+                await rates_mode(engine, plain, args.rounds, args.tokens, args.prompt)
             else:
                 await latency_mode(engine, args.rounds, args.long_prompt, chunk)
         finally:
@@ -347,17 +356,18 @@ def main() -> int:
         "bench", path, limits=SchedulerLimits(max_active_sequences=16), threads=args.threads
     )
     long_prompt = prompt(512, seed=99)
+    plain = plain_model(path, args.threads)
 
     async def run_engine() -> dict:
         await engine.start()
         try:
             await engine_streams(engine, 1, 4, args.prompt)  # warm-up
-            bare_loop(engine, prompt(args.prompt, 0), 4)
+            bare_loop(plain, prompt(args.prompt, 0), 4)
             out: dict = {"bare": [], "one": []}
             # Other work on a shared machine shifts speed over minutes: interleave the bare loop
             # and the one-stream engine runs and compare medians.
             for _ in range(3):
-                out["bare"].append(bare_loop(engine, prompt(args.prompt, 0), args.tokens)[1])
+                out["bare"].append(bare_loop(plain, prompt(args.prompt, 0), args.tokens)[1])
                 out["one"].append(await engine_streams(engine, 1, args.tokens, args.prompt))
             print(f"bare {out['bare']}\nengine x1 {out['one']}", flush=True)
             for streams in (4, 8, 16):
@@ -371,8 +381,8 @@ def main() -> int:
     results = asyncio.run(run_engine())
     bare_rate = float(np.median(results["bare"]))
     results[1] = tuple(np.median(np.array(results["one"]), axis=0))
-    bare_ttft = min(bare_loop(engine, long_prompt, 1)[0] for _ in range(2))
-    engine.model.session = None  # type: ignore[assignment]  # free its memory for Optimum's
+    bare_ttft = min(bare_loop(plain, long_prompt, 1)[0] for _ in range(2))
+    engine.model.session = plain.session = None  # type: ignore[assignment]  # memory for Optimum
     gc.collect()
     opt_rate, opt_ttft_512 = optimum_generate(
         path, prompt(args.prompt, 0), long_prompt, args.tokens, args.threads

@@ -100,12 +100,15 @@ class LocalEngine(EngineClient):
         limits: SchedulerLimits | None = None,
         threads: int | None = None,
         cache_dir: Path | None = None,
+        fused_attention: bool = True,
     ) -> None:
         if not path.is_dir():
             raise ModelLoadError(f"{path}: not a directory (expected an Optimum ONNX export)")
         self.model_id = model_id
         self.path = path
-        self.model = OnnxCausalLM(path, threads=threads, cache_dir=cache_dir)
+        self.model = OnnxCausalLM(
+            path, threads=threads, cache_dir=cache_dir, fuse_attention=fused_attention
+        )
         self.tokenizer = TokenizerWrapper.from_file(path / TOKENIZER_FILE)
         self.chat_template = load_chat_template(path)
         self.context_length = self.model.context_length

@@ -19,6 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from api.engine.errors import ModelLoadError
+from api.engine.fused_attention import SEQLENS, fuse_attention
 from api.engine.last_logits import EDIT_TAG, slice_last_position
 from api.engine.ort_cache import open_session
 
@@ -49,6 +50,9 @@ class GraphSpec:
     kv_dtype: type[np.generic]
     ids_dtype: type[np.generic]
     mask_dtype: type[np.generic]
+    # Attention is ONNX Runtime's GroupQueryAttention over a shared past/present buffer
+    # (`fused_attention.py`): the engine binds one preallocated cache (`kv_slots.py`).
+    shared_kv: bool = False
 
 
 def read_json(path: Path, *, required: bool) -> dict[str, Any]:
@@ -117,6 +121,7 @@ def _inspect(session: ort.InferenceSession, path: Path, config: dict[str, Any]) 
         kv_dtype=kv_dtype,
         ids_dtype=ids_dtype,
         mask_dtype=mask_dtype,
+        shared_kv=SEQLENS in inputs,
     )
 
 
@@ -147,16 +152,22 @@ def _can_edit() -> bool:
     return True
 
 
-def _graph_source(model_file: Path) -> str | bytes:
-    """The graph for ONNX Runtime: edited to compute last-position logits when the edit applies
-    (see `last_logits.py`), else the file as exported."""
+FUSED_TAG = "gqa-v1"  # part of the optimized-graph cache key: bump on any change of the edit
+
+
+def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> str | bytes:
+    """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`)
+    and, when `fuse`, to use fused attention over a shared cache (`fused_attention.py`), where
+    each edit applies; else the file as exported."""
     import onnx
 
     try:
         proto = onnx.load(str(model_file), load_external_data=False)
     except Exception:  # noqa: BLE001 - not a readable graph: ONNX Runtime names the fault below
         return str(model_file)
-    return proto.SerializeToString() if slice_last_position(proto) else str(model_file)
+    sliced = slice_last_position(proto)
+    fused = fuse and fuse_attention(proto, config)
+    return proto.SerializeToString() if sliced or fused else str(model_file)
 
 
 def _last_position_only(session: ort.InferenceSession) -> bool:
@@ -169,7 +180,12 @@ class OnnxCausalLM:
     """One ONNX Runtime session of a decoder-with-past graph, plus the facts read from config."""
 
     def __init__(
-        self, path: Path, *, threads: int | None = None, cache_dir: Path | None = None
+        self,
+        path: Path,
+        *,
+        threads: int | None = None,
+        cache_dir: Path | None = None,
+        fuse_attention: bool = True,
     ) -> None:
         self.path = path
         model_file = path / MODEL_FILE
@@ -185,11 +201,16 @@ class OnnxCausalLM:
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
         edit = _can_edit()
+        fuse = edit and fuse_attention
         try:
             self.session = open_session(
                 path,
-                (lambda: _graph_source(model_file)) if edit else (lambda: str(model_file)),
-                tag=EDIT_TAG if edit else "as exported",
+                (lambda: _graph_source(model_file, self.config, fuse=fuse))
+                if edit
+                else (lambda: str(model_file)),
+                tag="+".join([EDIT_TAG, FUSED_TAG] if fuse else [EDIT_TAG])
+                if edit
+                else "as exported",
                 options=options,
                 cache_dir=cache_dir,
             )
@@ -216,7 +237,8 @@ class OnnxCausalLM:
         past: list[np.ndarray],
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """Run the graph; return the last position's logits [batch, vocab] (float32) and the
-        new KV arrays. `attention_mask` covers past + new tokens (0 marks left padding)."""
+        new KV arrays. `attention_mask` covers past + new tokens (0 marks left padding).
+        For graphs as exported; a `shared_kv` graph is run by `kv_slots.SlotBatch`."""
         feed = {"input_ids": input_ids.astype(self.spec.ids_dtype, copy=False)}
         if self.spec.has_attention_mask:
             feed["attention_mask"] = attention_mask.astype(self.spec.mask_dtype, copy=False)
@@ -224,7 +246,10 @@ class OnnxCausalLM:
             feed["position_ids"] = position_ids.astype(np.int64, copy=False)
         feed.update(zip(self.spec.past_names, past, strict=True))
         logits, *presents = self.session.run(self._output_names, feed)
+        return self.last_logits(logits), presents
+
+    @staticmethod
+    def last_logits(logits: np.ndarray) -> np.ndarray:
+        """The last position's logits [batch, vocab] as float32, from the graph's `logits`."""
         last = logits[:, -1, :]
-        if last.dtype != np.float32:
-            last = last.astype(np.float32)
-        return last, presents
+        return last if last.dtype == np.float32 else last.astype(np.float32)

@@ -12,9 +12,16 @@ order, so only the first pending prompt is ever part-way through.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-from api.engine.batch import KVCache
 from api.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from api.engine.batch import KVCache
+
+# Which whole prompts may share one prefill call: any (the graph masks left padding), only those
+# of equal length, or none (a fused-attention graph prefills one prompt per call).
+Grouping = Literal["padded", "equal", "single"]
 
 
 @dataclass(eq=False)
@@ -44,11 +51,8 @@ class PrefillCall:
         return self.tokens >= self.group[0].remaining
 
 
-def plan_prefill(pending: list[Prefill], budget: int, *, pad: bool) -> list[PrefillCall]:
-    """The prefill calls of one iteration, in arrival order, within `budget` padded tokens.
-
-    `pad` says whether prompts of different lengths may share a call (the graph masks left
-    padding); otherwise only equal-length prompts are grouped."""
+def plan_prefill(pending: list[Prefill], budget: int, *, grouping: Grouping) -> list[PrefillCall]:
+    """The prefill calls of one iteration, in arrival order, within `budget` padded tokens."""
     calls: list[PrefillCall] = []
     index = 0
     while index < len(pending) and budget > 0:
@@ -62,8 +66,8 @@ def plan_prefill(pending: list[Prefill], budget: int, *, pad: bool) -> list[Pref
         group, width = [head], head.remaining
         for candidate in pending[index + 1 :]:
             padded = max(width, candidate.remaining)
-            same = candidate.remaining == width
-            if padded * (len(group) + 1) > budget or not (pad or same):
+            allowed = grouping == "padded" or (grouping == "equal" and candidate.remaining == width)
+            if padded * (len(group) + 1) > budget or not allowed:
                 break
             group.append(candidate)
             width = padded

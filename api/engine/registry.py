@@ -30,6 +30,7 @@ class EngineConfig:
     max_prefill_tokens: int = 256  # prompt tokens prefilled per iteration (longer prompts: chunks)
     # ONNX Runtime's optimized graphs, kept so a restart skips optimizing (None: not kept)
     cache_dir: Path | None = field(default_factory=default_cache_dir)
+    fused_attention: bool = True  # GroupQueryAttention over a shared KV buffer, where it applies
 
     @property
     def limits(self) -> SchedulerLimits:
@@ -67,7 +68,12 @@ def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, Eng
     config = config or EngineConfig()
     return {
         model_id: LocalEngine(
-            model_id, path, limits=config.limits, threads=config.threads, cache_dir=config.cache_dir
+            model_id,
+            path,
+            limits=config.limits,
+            threads=config.threads,
+            cache_dir=config.cache_dir,
+            fused_attention=config.fused_attention,
         )
         for model_id, path in parse_models_spec(spec)
     }

@@ -19,12 +19,11 @@ import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-import numpy as np
-
-from api.engine.batch import KVCache
+from api.engine.batch import PaddedBatch
 from api.engine.errors import EngineDead, EngineOverloaded
+from api.engine.kv_slots import SlotBatch
 from api.engine.model import OnnxCausalLM
-from api.engine.prefill import Prefill, PrefillCall, plan_prefill
+from api.engine.prefill import Prefill, plan_prefill
 from api.engine.protocol import GenerationOutput
 from api.engine.sampling import sample
 from api.engine.sequence import Sequence
@@ -57,13 +56,15 @@ class Scheduler:
         self._aborted: set[str] = set()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._active: list[Sequence] = []
         self._prefilling: list[Prefill] = []
-        self._cache: KVCache | None = None
+        self._batch: PaddedBatch | SlotBatch = (
+            SlotBatch(model, limits.max_active_sequences)
+            if model.spec.shared_kv
+            else PaddedBatch(model)
+        )
         self.error: BaseException | None = None
         self.steps = 0
         self.last_batch_size = 0
-        self._batched_decode = model.spec.has_position_ids and model.spec.has_attention_mask
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -106,7 +107,7 @@ class Scheduler:
     def counts(self) -> tuple[int, int]:
         """(admitted: prefilling or decoding, still queued)."""
         with self._cond:
-            return len(self._active) + len(self._prefilling), len(self._waiting)
+            return len(self._batch.seqs) + len(self._prefilling), len(self._waiting)
 
     def _dead_message(self) -> str:
         if self.error is not None:
@@ -129,17 +130,20 @@ class Scheduler:
         """End every queued and running request with `EngineDead`."""
         with self._cond:
             self._stopping = True
-            pending = list(self._waiting) + [p.seq for p in self._prefilling] + self._active
+            pending = list(self._waiting) + [p.seq for p in self._prefilling] + self._batch.seqs
             self._waiting.clear()
             self._prefilling = []
-            self._active = []
-        self._cache = None
+            self._batch.clear()
         self._deliver([(s, EngineDead(self._dead_message())) for s in pending])
 
     def _wait_for_work(self) -> bool:
         with self._cond:
             while not (
-                self._stopping or self._waiting or self._prefilling or self._active or self._aborted
+                self._stopping
+                or self._waiting
+                or self._prefilling
+                or self._batch.seqs
+                or self._aborted
             ):
                 self._cond.wait()
             return not self._stopping
@@ -160,9 +164,10 @@ class Scheduler:
                     deliveries.append((seq, END))
                 for item in [p for p in self._prefilling if p.seq.request_id in aborted]:
                     self._prefilling.remove(item)
+                    self._batch.discard(item)
                     deliveries.append((item.seq, END))
             self._prefilling.extend(Prefill(seq) for seq in self._admit())
-        for seq in self._active:
+        for seq in self._batch.seqs:
             if seq.request_id in aborted:
                 seq.aborted = True
                 deliveries.append((seq, END))
@@ -172,7 +177,7 @@ class Scheduler:
         self._deliver(deliveries)
         deliveries = []
 
-        if self._active:
+        if self._batch.seqs:
             for seq, output in self._decode():
                 deliveries.append((seq, output))
             self._filter()
@@ -180,119 +185,43 @@ class Scheduler:
 
     def _admit(self) -> list[Sequence]:
         """Pop queued requests while there is room in the batch (caller holds the lock)."""
-        room = self.limits.max_active_sequences - len(self._active) - len(self._prefilling)
+        room = self.limits.max_active_sequences - len(self._batch.seqs) - len(self._prefilling)
         return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
 
     def _run_prefills(self) -> list[tuple[Sequence, Delivery]]:
         """This iteration's prefill calls; completed prompts get their first token and join."""
         deliveries: list[tuple[Sequence, Delivery]] = []
-        joining = [self._cache] if self._cache is not None else []
         calls = plan_prefill(
-            self._prefilling, self.limits.max_prefill_tokens, pad=self._batched_decode
+            self._prefilling, self.limits.max_prefill_tokens, grouping=self._batch.grouping
         )
         for call in calls:
-            if not call.completes:
-                self._forward_chunk(call.group[0], call.tokens)
+            completes = call.completes  # read before the call advances the prompts
+            logits = self._batch.prefill(call)
+            if not completes:
                 continue
             group = [p.seq for p in call.group]
-            cache, outputs = self._prefill(call)
+            choices = sample(logits, [s.sampler for s in group])
+            deliveries.extend((s, s.append(c)) for s, c in zip(group, choices, strict=True))
             with self._cond:
                 for item in call.group:
                     self._prefilling.remove(item)
-            deliveries.extend(zip(group, outputs, strict=True))
-            keep = [i for i, seq in enumerate(group) if not seq.finished]
-            if keep:
-                self._active.extend(group[i] for i in keep)
-                joining.append(cache.filter(keep) if len(keep) < len(group) else cache)
-        if joining:
-            self._cache = KVCache.concat(joining)
+            for item in call.group:
+                if item.seq.finished:
+                    self._batch.discard(item)
+            self._batch.join([item for item in call.group if not item.seq.finished])
         return deliveries
 
-    def _forward_chunk(self, item: Prefill, tokens: int) -> np.ndarray:
-        """Run the next `tokens` prompt tokens of `item` on top of the KV cache of the ones before;
-        return the last position's logits."""
-        end = item.done + tokens
-        ids = np.array([item.seq.request.prompt_token_ids[item.done : end]], np.int64)
-        mask = np.ones((1, end), np.int64)
-        positions = np.arange(item.done, end, dtype=np.int64)[None]
-        past = item.cache.past if item.cache is not None else self.model.empty_past(1)
-        logits, presents = self.model.forward(ids, mask, positions, past)
-        item.cache = KVCache.from_prefill(presents, end)
-        item.done = end
-        return logits
-
-    def _prefill(self, call: PrefillCall) -> tuple[KVCache, list[GenerationOutput]]:
-        """Complete the prompts of `call`, in one graph call; each gets its first token."""
-        group = [p.seq for p in call.group]
-        if call.group[0].done:  # the last chunk of a prompt prefilled in chunks
-            logits = self._forward_chunk(call.group[0], call.tokens)
-            cache = call.group[0].cache
-            assert cache is not None
-        else:
-            logits, cache = self._prefill_whole(group)
-        choices = sample(logits, [s.sampler for s in group])
-        return cache, [s.append(c) for s, c in zip(group, choices, strict=True)]
-
-    def _prefill_whole(self, group: list[Sequence]) -> tuple[np.ndarray, KVCache]:
-        """Prompts of `group` from scratch, left-padded to the longest, in one graph call."""
-        lengths = np.array([s.prompt_len for s in group], np.int64)
-        width = int(lengths.max())
-        ids = np.zeros((len(group), width), np.int64)
-        mask = np.zeros((len(group), width), np.int64)
-        positions = np.zeros((len(group), width), np.int64)
-        for row, seq in enumerate(group):
-            start = width - seq.prompt_len
-            ids[row, start:] = seq.request.prompt_token_ids
-            mask[row, start:] = 1
-            positions[row, start:] = np.arange(seq.prompt_len)
-        logits, presents = self.model.forward(
-            ids, mask, positions, self.model.empty_past(len(group))
-        )
-        for row, length in enumerate(lengths.tolist()):
-            if length < width:  # padding rows attended to nothing: keep no NaN or garbage around
-                for array in presents:
-                    array[row, :, : width - length, :] = 0
-        return logits, KVCache(past=presents, mask=mask, lengths=lengths)
-
     def _decode(self) -> list[tuple[Sequence, GenerationOutput]]:
-        """One decode step for every active sequence, in one graph call when the graph allows."""
-        assert self._cache is not None
-        if self._batched_decode or len(set(self._cache.lengths.tolist())) == 1:
-            logits = self._step(self._cache, self._active)
-        else:
-            # The graph derives positions from the cache width (no position_ids) or cannot mask
-            # padding: decode each group of equal-length rows unpadded, then rejoin.
-            groups: dict[int, list[int]] = defaultdict(list)
-            for row, length in enumerate(self._cache.lengths.tolist()):
-                groups[length].append(row)
-            caches, parts, order = [], [], []
-            for rows in groups.values():
-                sub = self._cache.filter(rows)
-                parts.append(self._step(sub, [self._active[r] for r in rows]))
-                caches.append(sub)
-                order.extend(rows)
-            self._cache = KVCache.concat(caches)
-            self._active = [self._active[r] for r in order]
-            logits = np.concatenate(parts, axis=0)
+        """One decode step for every active sequence."""
+        logits = self._batch.decode()
         self.steps += 1
-        self.last_batch_size = len(self._active)
-        choices = sample(logits, [s.sampler for s in self._active])
-        return [(s, s.append(c)) for s, c in zip(self._active, choices, strict=True)]
-
-    def _step(self, cache: KVCache, seqs: list[Sequence]) -> np.ndarray:
-        mask, positions = cache.step_inputs()
-        ids = np.array([[s.last_token] for s in seqs], dtype=np.int64)
-        logits, presents = self.model.forward(ids, mask, positions, cache.past)
-        cache.advance(presents, mask)
-        return logits
+        self.last_batch_size = len(self._batch.seqs)
+        choices = sample(logits, [s.sampler for s in self._batch.seqs])
+        return [(s, s.append(c)) for s, c in zip(self._batch.seqs, choices, strict=True)]
 
     def _filter(self) -> None:
-        keep = [i for i, s in enumerate(self._active) if not (s.finished or s.aborted)]
-        if len(keep) == len(self._active):
-            return
-        self._cache = self._cache.filter(keep) if keep and self._cache is not None else None
         with self._cond:
-            self._active = [self._active[i] for i in keep]
+            self._batch.drop_finished()
 
     @staticmethod
     def _deliver(deliveries: list[tuple[Sequence, Delivery]]) -> None:

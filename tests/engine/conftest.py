@@ -74,9 +74,16 @@ class _ExportCache(dict):
         return self[arch]
 
 
-def make_engine(path: Path, *, cache_dir: Path | None = None, **limits: Any) -> LocalEngine:
+def make_engine(
+    path: Path, *, cache_dir: Path | None = None, fused_attention: bool = True, **limits: Any
+) -> LocalEngine:
     return LocalEngine(
-        path.name, path, limits=SchedulerLimits(**limits), threads=1, cache_dir=cache_dir
+        path.name,
+        path,
+        limits=SchedulerLimits(**limits),
+        threads=1,
+        cache_dir=cache_dir,
+        fused_attention=fused_attention,
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from api.engine.errors import ModelLoadError
+from api.engine.model import OnnxCausalLM
 from api.engine.registry import EngineConfig, load_engines
 from tests.engine.conftest import DEMO_DIR, make_engine
 
@@ -74,5 +75,8 @@ def test_graph_facts_are_read_from_the_export() -> None:
     engine = make_engine(DEMO_DIR)
     spec = engine.model.spec
     assert (spec.num_layers, spec.kv_heads, spec.head_dim) == (2, 2, 16)
-    assert spec.has_position_ids and spec.has_attention_mask
+    # Served with fused attention: rows' lengths replace the attention mask.
+    assert spec.has_position_ids and spec.shared_kv and not spec.has_attention_mask
     assert engine.model.eos_token_ids == {0, 2}
+    as_exported = OnnxCausalLM(DEMO_DIR, threads=1, fuse_attention=False).spec
+    assert as_exported.has_attention_mask and not as_exported.shared_kv

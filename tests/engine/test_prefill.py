@@ -20,24 +20,32 @@ def shape(calls) -> list[tuple[list[int], int, bool]]:
 def test_next_prefill_respects_token_budget() -> None:
     # 10 and 8 share a call padded to 10 (20 tokens); 9 more would make 30: the 4 tokens left
     # start the third prompt as a chunk.
-    assert shape(plan_prefill(pending(10, 8, 9), 24, pad=True)) == [
+    assert shape(plan_prefill(pending(10, 8, 9), 24, grouping="padded")) == [
         ([10, 8], 10, True),
         ([9], 4, False),
     ]
 
 
 def test_a_long_prompt_takes_the_whole_budget_as_a_chunk() -> None:
-    assert shape(plan_prefill(pending(100, 3), 32, pad=True)) == [([100], 32, False)]
+    assert shape(plan_prefill(pending(100, 3), 32, grouping="padded")) == [([100], 32, False)]
 
 
 def test_a_part_done_prompt_finishes_before_the_next_starts() -> None:
     queue = pending(40, 3)
     queue[0].done = 32
-    assert shape(plan_prefill(queue, 32, pad=True)) == [([40], 8, True), ([3], 3, True)]
+    assert shape(plan_prefill(queue, 32, grouping="padded")) == [([40], 8, True), ([3], 3, True)]
 
 
 def test_without_padding_only_equal_lengths_share_a_call() -> None:
-    assert shape(plan_prefill(pending(4, 4, 5), 64, pad=False)) == [
+    assert shape(plan_prefill(pending(4, 4, 5), 64, grouping="equal")) == [
         ([4, 4], 4, True),
+        ([5], 5, True),
+    ]
+
+
+def test_fused_attention_prefills_one_prompt_per_call() -> None:
+    assert shape(plan_prefill(pending(4, 4, 5), 64, grouping="single")) == [
+        ([4], 4, True),
+        ([4], 4, True),
         ([5], 5, True),
     ]

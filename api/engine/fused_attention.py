@@ -1,0 +1,337 @@
+"""A load-time graph edit: each layer's attention becomes ONNX Runtime's `GroupQueryAttention`.
+
+An Optimum decoder spells attention out op by op, and on every decode step it pays for that
+per sequence: `Concat` copies the whole past into a new `present` tensor, `Expand` + `Reshape`
+copy it again to repeat the KV heads for every query head (2 -> 14 on a Qwen2.5-0.5B shape), and
+the engine then re-pads the batch's cache whenever a sequence joins or leaves. All of it grows
+with batch x context, which is why batching stopped paying off (issue 3's profile: 99% of a step
+inside ONNX Runtime).
+
+`GroupQueryAttention` (com.microsoft) does the same attention on the un-repeated KV heads and,
+when `past_key` and `present_key` are bound to the same buffer, appends the new keys in place:
+the cache becomes a preallocated buffer `[slots, kv_heads, capacity, head_dim]` that no step
+copies (`kv_slots.py` keeps it). Each row's real length is the `seqlens_k` input, so rows of
+different lengths share the buffer right-padded, with no mask.
+
+What is kept: everything up to the rotated query and key (the graph's own RoPE, driven by
+`position_ids`, so partial or scaled rotary variants stay exact) and everything from the
+attention output on. What is replaced per layer, found by walking the graph rather than by
+node names: `Concat(past, new)` -> `present` for key and value, the repeat of the KV heads, the
+scaled `MatMul`, the mask, `Softmax` and the `MatMul` with the values, down to the `Reshape` to
+`[batch, seq, hidden]`. The scale is read from the graph's constants.
+
+The edit is refused (the graph served as exported, `False` returned) when any layer does not
+have exactly that shape, when the graph has no `position_ids` input (positions would be read
+off the buffer's width), when the model uses a sliding window or soft-capping, or when anything
+but attention still reads `attention_mask` afterwards.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+SEQLENS = "seqlens_k"  # int32 [batch]: each row's total length minus one
+TOTAL = "total_sequence_length"  # int32 scalar: the longest row's total length
+_PREFIX = "tokenshop_gqa"
+_REPEAT_KV = {"Unsqueeze", "Expand", "Reshape", "Identity", "Cast"}
+_SCORE_OPS = {"Add", "Mul", "Div", "Cast", "Where", "IsNaN", "Softmax"}
+
+
+def _sliding_window(config: dict[str, Any]) -> bool:
+    """Whether attention is limited to a window shorter than the context (mistral v0.1 style)."""
+    if "use_sliding_window" in config:
+        return bool(config["use_sliding_window"])
+    window = config.get("sliding_window")
+    context = config.get("max_position_embeddings") or 0
+    return isinstance(window, int) and window < context
+
+
+class _Refused(Exception):
+    """This graph is not the shape the edit knows; it is served unedited."""
+
+
+def fuse_attention(model: onnx.ModelProto, config: dict[str, Any]) -> bool:
+    """Edit `model` in place to use `GroupQueryAttention`; False (model untouched) if it cannot."""
+    if _sliding_window(config) or config.get("attn_logit_softcapping"):
+        return False
+    inputs = {i.name for i in model.graph.input}
+    if "position_ids" not in inputs:
+        return False
+    edited = type(model)()
+    edited.CopyFrom(model)
+    try:
+        _rewrite(edited, config)
+    except _Refused:
+        return False
+    model.CopyFrom(edited)
+    return True
+
+
+class _Graph:
+    """Producer / consumer indexes of a graph, and the scalar constants it holds."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        from onnx import numpy_helper
+
+        self.graph = graph
+        self.producer = {out: node for node in graph.node for out in node.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for node in graph.node:
+            for name in node.input:
+                self.consumers[name].append(node)
+        self.constants: dict[str, np.ndarray] = {
+            init.name: numpy_helper.to_array(init) for init in graph.initializer
+        }
+        for node in graph.node:
+            if node.op_type == "Constant":
+                for attr in node.attribute:
+                    if attr.name == "value":
+                        self.constants[node.output[0]] = numpy_helper.to_array(attr.t)
+
+    def scalar(self, name: str) -> float | None:
+        value = self.constants.get(name)
+        if value is None or value.size != 1:
+            return None
+        return float(value.reshape(()))
+
+    def only_consumer(self, name: str, op: str) -> onnx.NodeProto:
+        users = self.consumers.get(name, [])
+        if len(users) != 1 or users[0].op_type != op:
+            raise _Refused(f"{name} should feed exactly one {op}")
+        return users[0]
+
+
+def _rewrite(model: onnx.ModelProto, config: dict[str, Any]) -> None:
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    index = _Graph(graph)
+    outputs = {o.name for o in graph.output}
+    heads = int(config.get("num_attention_heads") or config["n_head"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    layer = 0
+    replaced: list[tuple[onnx.NodeProto, list[onnx.NodeProto]]] = []
+    while f"present.{layer}.key" in outputs:
+        replaced.append(_layer(index, layer, heads, kv_heads))
+        layer += 1
+    if not replaced:
+        raise _Refused("no present.* outputs")
+
+    for anchor, new_nodes in replaced:
+        position = list(graph.node).index(anchor)
+        for offset, node in enumerate(new_nodes):
+            graph.node.insert(position + offset, node)
+    graph.input.append(helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch_size"]))
+    graph.input.append(helper.make_tensor_value_info(TOTAL, TensorProto.INT32, []))
+    _drop_dead_nodes(graph)
+    used = {name for node in graph.node for name in node.input} | outputs
+    if "attention_mask" in used:
+        raise _Refused("attention_mask still read outside attention")
+    kept = [i for i in graph.input if i.name in used]
+    del graph.input[:]
+    graph.input.extend(kept)
+    for output in graph.output:
+        if output.name.startswith("present."):
+            output.type.tensor_type.shape.dim[2].Clear()
+            output.type.tensor_type.shape.dim[2].dim_param = "kv_capacity"
+    if not any(op.domain == "com.microsoft" for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+def _layer(
+    index: _Graph, layer: int, heads: int, kv_heads: int
+) -> tuple[onnx.NodeProto, list[onnx.NodeProto]]:
+    """The GQA node (and its input reshapes) replacing layer `layer`'s attention, and the node
+    they go before."""
+    from onnx import helper
+
+    past_key, past_value = (f"past_key_values.{layer}.{kind}" for kind in ("key", "value"))
+    present_key, present_value = (f"present.{layer}.{kind}" for kind in ("key", "value"))
+    new_key = _appended(index, present_key, past_key)
+    new_value = _appended(index, present_value, past_value)
+
+    attend_values = _reached_matmul(index, present_value)
+    transpose = index.only_consumer(attend_values.output[0], "Transpose")
+    if _perm(transpose) != [0, 2, 1, 3]:
+        raise _Refused("attention output is not transposed to [batch, seq, heads, dim]")
+    merge = index.only_consumer(transpose.output[0], "Reshape")
+    scores, scale = _scores(index, attend_values.input[0], present_key)
+    query, query_scale = _strip_scale(index, scores.input[0])
+    scale *= query_scale
+
+    p = f"{_PREFIX}_{layer}"
+    nodes, flat = [], []
+    for name, tensor in (("q", query), ("k", new_key), ("v", new_value)):
+        nodes.append(helper.make_node("Transpose", [tensor], [f"{p}_{name}_t"], perm=[0, 2, 1, 3]))
+        nodes.append(helper.make_node("Reshape", [f"{p}_{name}_t", f"{p}_flat"], [f"{p}_{name}"]))
+        flat.append(f"{p}_{name}")
+    index.graph.initializer.append(_int64(f"{p}_flat", [0, 0, -1]))
+    nodes.append(
+        helper.make_node(
+            "GroupQueryAttention",
+            [*flat, past_key, past_value, SEQLENS, TOTAL],
+            [merge.output[0], present_key, present_value],
+            name=f"{p}_attention",
+            domain="com.microsoft",
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            scale=scale,
+        )
+    )
+    for node in (index.producer[present_key], index.producer[present_value], merge):
+        index.graph.node.remove(node)
+    consumers = index.consumers[merge.output[0]]
+    if not consumers:
+        raise _Refused("attention output unused")
+    return consumers[0], nodes
+
+
+def _appended(index: _Graph, present: str, past: str) -> str:
+    """The new keys (or values) that `Concat(past, new)` appends to make `present`."""
+    node = index.producer.get(present)
+    if node is None or node.op_type != "Concat" or list(node.input[:1]) != [past]:
+        raise _Refused(f"{present} is not Concat({past}, new)")
+    axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+    if axis not in (2, -2) or len(node.input) != 2:
+        raise _Refused(f"{present}: unexpected concat")
+    return node.input[1]
+
+
+def _reached_matmul(index: _Graph, start: str) -> onnx.NodeProto:
+    """The one MatMul that `start` reaches through the ops that repeat KV heads."""
+    found, frontier, seen = [], [start], set()
+    while frontier:
+        name = frontier.pop()
+        for node in index.consumers.get(name, []):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type == "MatMul":
+                found.append(node)
+            elif node.op_type in _REPEAT_KV and node.input[0] == name:
+                frontier.extend(node.output)
+    if len(found) != 1:
+        raise _Refused(f"{start} reaches {len(found)} MatMuls")
+    return found[0]
+
+
+def _scores(index: _Graph, probs: str, present_key: str) -> tuple[onnx.NodeProto, float]:
+    """Walk back from the attention probabilities to the `Q x K^T` MatMul: only the mask, a
+    constant scale and the softmax may lie between. Returns the MatMul and the scale found."""
+    scale, name, softmax = 1.0, probs, False
+    while True:
+        node = index.producer.get(name)
+        if node is None or node.op_type not in _SCORE_OPS | {"MatMul"}:
+            raise _Refused(f"unexpected op before attention probabilities: {node}")
+        if node.op_type == "MatMul":
+            break
+        softmax |= node.op_type == "Softmax"
+        name, factor = _score_input(index, node)
+        scale *= factor
+    if not softmax:
+        raise _Refused("no softmax")
+    key_path, key_scale = _strip_scale(index, node.input[1])
+    if present_key not in _ancestors(index, key_path, depth=8):
+        raise _Refused("scores do not read the present keys")
+    return node, scale * key_scale
+
+
+def _score_input(index: _Graph, node: onnx.NodeProto) -> tuple[str, float]:
+    """The input of a node between the scores and the probabilities that carries the scores."""
+    if node.op_type in {"Softmax", "Cast"}:
+        return node.input[0], 1.0
+    if node.op_type == "Where":  # Where(IsNaN(p), 0, p): fully masked rows become zeros
+        return node.input[2], 1.0
+    first, second = node.input[0], node.input[1]
+    if node.op_type in {"Mul", "Div"}:
+        constant = index.scalar(second)
+        if constant is None and node.op_type == "Mul":
+            first, second = second, first
+            constant = index.scalar(second)
+        if constant is None or constant == 0:
+            raise _Refused("a non-constant factor on the scores")
+        return first, constant if node.op_type == "Mul" else 1.0 / constant
+    # Add: scores + mask; the scores side comes from a MatMul or a scale, the mask from a Where.
+    for candidate in (first, second):
+        producer = index.producer.get(candidate)
+        if producer is not None and producer.op_type in {"MatMul", "Mul", "Div"}:
+            return candidate, 1.0
+    raise _Refused("cannot tell the scores from the mask")
+
+
+def _strip_scale(index: _Graph, name: str) -> tuple[str, float]:
+    """Follow `name` back over multiplications by a constant; return the tensor and factor."""
+    factor = 1.0
+    while True:
+        node = index.producer.get(name)
+        if node is None or node.op_type not in {"Mul", "Div"}:
+            return name, factor
+        variable, constant = node.input[0], index.scalar(node.input[1])
+        if constant is None and node.op_type == "Mul":
+            variable, constant = node.input[1], index.scalar(node.input[0])
+        if constant is None or constant == 0:
+            return name, factor
+        factor *= constant if node.op_type == "Mul" else 1.0 / constant
+        name = variable
+
+
+def _ancestors(index: _Graph, name: str, *, depth: int) -> set[str]:
+    names, frontier = {name}, [name]
+    for _ in range(depth):
+        nxt = []
+        for tensor in frontier:
+            node = index.producer.get(tensor)
+            if node is not None:
+                nxt.extend(i for i in node.input if i and i not in names)
+        names.update(nxt)
+        frontier = nxt
+    return names
+
+
+def _perm(node: onnx.NodeProto) -> list[int]:
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
+
+
+def _int64(name: str, values: list[int]) -> onnx.TensorProto:
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove nodes none of whose outputs reach a graph output; keep a topological order."""
+    needed = {o.name for o in graph.output}
+    live = []
+    for node in reversed(graph.node):
+        if any(out in needed for out in node.output):
+            live.append(node)
+            needed.update(node.input)
+    live.reverse()
+    ordered = _topological(
+        live, {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    )
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _topological(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+    ready = set(available) | {""}
+    pending, ordered = list(nodes), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(name in ready for name in node.input):
+                ordered.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            raise _Refused("graph has a cycle or a missing input after the edit")
+        pending = rest
+    return ordered

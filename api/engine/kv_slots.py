@@ -1,0 +1,160 @@
+"""The running batch of a fused-attention graph: one preallocated KV buffer, a row per sequence.
+
+After `fused_attention.py` edits the graph, each layer's `past_key`/`present_key` (and value) is
+bound, with ONNX Runtime's I/O binding, to the same numpy buffer `[slots, kv_heads, capacity,
+head_dim]`: attention appends each step's keys in place, so a decode step allocates and copies
+no cache at all. Row r holds one sequence's keys at positions `[0, length)` (right padding; the
+graph's `seqlens_k` input tells attention each row's length).
+
+A graph call covers a contiguous block of rows, so decoding sequences always sit in rows
+`[0, decoding)`, in the order of `seqs`. A prompt being prefilled owns a row above them; when its
+prompt is complete it is swapped down to row `decoding`. A sequence that leaves is replaced by the
+last decoding row. Those moves copy one row's filled part, and only when the batch changes.
+
+Capacity starts small and doubles (up to the model's context) when a row would overflow: memory
+follows the longest sequence, not the context window times the slot count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from api.engine.fused_attention import SEQLENS, TOTAL
+from api.engine.model import OnnxCausalLM
+from api.engine.prefill import Grouping, Prefill, PrefillCall
+from api.engine.sequence import Sequence
+
+INITIAL_CAPACITY = 256
+
+
+class SlotBatch:
+    """Decoding sequences and prompts being prefilled, over one shared KV buffer."""
+
+    def __init__(self, model: OnnxCausalLM, slots: int) -> None:
+        spec = model.spec
+        self.model = model
+        self.capacity = min(INITIAL_CAPACITY, model.context_length)
+        self._shape = (slots, spec.kv_heads, self.capacity, spec.head_dim)
+        self._buffers = [np.zeros(self._shape, spec.kv_dtype) for _ in spec.past_names]
+        self._rows: list[Sequence | None] = [None] * slots
+        self._lengths = np.zeros(slots, np.int64)  # tokens in the cache, per row
+        self.seqs: list[Sequence] = []  # decoding, rows [0, len(seqs))
+        self.grouping: Grouping = "single"  # attention takes one prompt per call
+
+    # ---- the scheduler's operations ----------------------------------------------------------
+
+    def prefill(self, call: PrefillCall) -> np.ndarray:
+        """Run the next `call.tokens` prompt tokens of the call's one request; last logits."""
+        (item,) = call.group
+        row = self._row_of(item.seq) if item.done else self._free_row(item.seq)
+        end = item.done + call.tokens
+        ids = np.array([item.seq.request.prompt_token_ids[item.done : end]], np.int64)
+        positions = np.arange(item.done, end, dtype=np.int64)[None]
+        logits = self._run(row, ids, positions, np.array([end], np.int64))
+        self._lengths[row] = end
+        item.done = end
+        return logits
+
+    def join(self, items: list[Prefill]) -> None:
+        """Completed prompts start decoding: their rows move to the end of the decoding block."""
+        for item in items:
+            self._swap(self._row_of(item.seq), len(self.seqs))
+            self.seqs.append(item.seq)
+
+    def discard(self, item: Prefill) -> None:
+        """A prompt that will not decode (aborted, or finished at its first token)."""
+        if item.done:
+            self._rows[self._row_of(item.seq)] = None
+
+    def decode(self) -> np.ndarray:
+        """One token for every decoding sequence, in one call; logits in `seqs` order."""
+        count = len(self.seqs)
+        ids = np.array([[s.last_token] for s in self.seqs], np.int64)
+        positions = self._lengths[:count, None].copy()
+        logits = self._run(0, ids, positions, self._lengths[:count] + 1)
+        self._lengths[:count] += 1
+        return logits
+
+    def drop_finished(self) -> None:
+        """Sequences that finished or were aborted leave; the last row fills each hole."""
+        for seq in [s for s in self.seqs if s.finished or s.aborted]:
+            row, last = self._row_of(seq), len(self.seqs) - 1
+            self._move(last, row)
+            self.seqs[row] = self.seqs[last]
+            self.seqs.pop()
+            self._rows[last] = None
+
+    def clear(self) -> None:
+        self._rows = [None] * len(self._rows)
+        self.seqs = []
+
+    # ---- rows ----------------------------------------------------------------------------------
+
+    def _row_of(self, seq: Sequence) -> int:
+        return next(r for r, s in enumerate(self._rows) if s is seq)
+
+    def _free_row(self, seq: Sequence) -> int:
+        row = next(r for r in range(len(self.seqs), len(self._rows)) if self._rows[r] is None)
+        self._rows[row] = seq
+        self._lengths[row] = 0
+        return row
+
+    def _swap(self, a: int, b: int) -> None:
+        if a == b:
+            return
+        filled = int(max(self._lengths[a], self._lengths[b]))
+        for buffer in self._buffers:
+            buffer[[a, b], :, :filled] = buffer[[b, a], :, :filled]
+        self._lengths[[a, b]] = self._lengths[[b, a]]
+        self._rows[a], self._rows[b] = self._rows[b], self._rows[a]
+
+    def _move(self, src: int, dst: int) -> None:
+        if src == dst:
+            return
+        filled = int(self._lengths[src])
+        for buffer in self._buffers:
+            buffer[dst, :, :filled] = buffer[src, :, :filled]
+        self._lengths[dst] = filled
+        self._rows[dst] = self._rows[src]
+
+    def _reserve(self, needed: int) -> None:
+        """Grow every buffer so `needed` positions fit (doubling, up to the context length)."""
+        if needed <= self.capacity:
+            return
+        capacity = min(max(needed, 2 * self.capacity), self.model.context_length)
+        filled = int(self._lengths.max())
+        shape = (*self._shape[:2], capacity, self._shape[3])
+        for i, old in enumerate(self._buffers):
+            new = np.zeros(shape, old.dtype)
+            new[:, :, :filled] = old[:, :, :filled]
+            self._buffers[i] = new
+        self.capacity, self._shape = capacity, shape
+
+    # ---- the graph call ------------------------------------------------------------------------
+
+    def _run(
+        self, first_row: int, ids: np.ndarray, positions: np.ndarray, totals: np.ndarray
+    ) -> np.ndarray:
+        """Run rows `[first_row, first_row + len(ids))` whose totals after this call are
+        `totals`; the cache is read and written in place."""
+        self._reserve(int(totals.max()))
+        model, spec = self.model, self.model.spec
+        rows = len(ids)
+        binding = model.session.io_binding()
+        binding.bind_output("logits")
+        binding.bind_cpu_input("input_ids", ids.astype(spec.ids_dtype, copy=False))
+        binding.bind_cpu_input("position_ids", positions)
+        binding.bind_cpu_input(SEQLENS, (totals - 1).astype(np.int32))
+        binding.bind_cpu_input(TOTAL, np.array(totals.max(), np.int32))
+        shape = [rows, *self._shape[1:]]
+        element = spec.kv_dtype
+        for past, present, buffer in zip(
+            spec.past_names, spec.present_names, self._buffers, strict=True
+        ):
+            block = buffer[first_row : first_row + rows]
+            pointer = block.ctypes.data
+            binding.bind_input(past, "cpu", 0, element, shape, pointer)
+            binding.bind_output(present, "cpu", 0, element, shape, pointer)
+        model.session.run_with_iobinding(binding)
+        logits: np.ndarray = binding.get_outputs()[0].numpy()
+        return model.last_logits(logits)
