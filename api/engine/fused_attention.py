@@ -28,6 +28,7 @@ but attention still reads `attention_mask` afterwards.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -85,13 +86,16 @@ class _Graph:
         for node in graph.node:
             for name in node.input:
                 self.consumers[name].append(node)
+        # Scalars only: weights may be external data that was not loaded.
         self.constants: dict[str, np.ndarray] = {
-            init.name: numpy_helper.to_array(init) for init in graph.initializer
+            init.name: numpy_helper.to_array(init)
+            for init in graph.initializer
+            if math.prod(init.dims) == 1 and init.data_location != init.EXTERNAL
         }
         for node in graph.node:
             if node.op_type == "Constant":
                 for attr in node.attribute:
-                    if attr.name == "value":
+                    if attr.name == "value" and attr.t.data_location != attr.t.EXTERNAL:
                         self.constants[node.output[0]] = numpy_helper.to_array(attr.t)
 
     def scalar(self, name: str) -> float | None:
