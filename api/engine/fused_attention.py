@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 SEQLENS = "seqlens_k"  # int32 [batch]: each row's total length minus one
 TOTAL = "total_sequence_length"  # int32 scalar: the longest row's total length
 _PREFIX = "tokenshop_gqa"
+_FLAT = f"{_PREFIX}_flat"  # Reshape target [0, 0, -1]: [batch, seq, heads, dim] -> [batch, seq, -]
+COS_CACHE, SIN_CACHE = f"{_PREFIX}_cos_cache", f"{_PREFIX}_sin_cache"
 _REPEAT_KV = {"Unsqueeze", "Expand", "Reshape", "Identity", "Cast"}
 _SCORE_OPS = {"Add", "Mul", "Div", "Cast", "Where", "IsNaN", "Softmax"}
 
@@ -119,10 +121,14 @@ def _rewrite(model: onnx.ModelProto, config: dict[str, Any]) -> None:
     outputs = {o.name for o in graph.output}
     heads = int(config.get("num_attention_heads") or config["n_head"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
+    rope = _rope_caches(config) if _plain_rope(config) else None
+    if rope is not None:
+        graph.initializer.extend(rope)
+        index.constants.update({COS_CACHE: np.empty(0), SIN_CACHE: np.empty(0)})
     layer = 0
     replaced: list[tuple[onnx.NodeProto, list[onnx.NodeProto]]] = []
     while f"present.{layer}.key" in outputs:
-        replaced.append(_layer(index, layer, heads, kv_heads))
+        replaced.append(_layer(index, layer, heads, kv_heads, rotary=rope is not None))
         layer += 1
     if not replaced:
         raise _Refused("no present.* outputs")
@@ -134,6 +140,9 @@ def _rewrite(model: onnx.ModelProto, config: dict[str, Any]) -> None:
     graph.input.append(helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch_size"]))
     graph.input.append(helper.make_tensor_value_info(TOTAL, TensorProto.INT32, []))
     _drop_dead_nodes(graph)
+    if rope is not None and not any(COS_CACHE in node.input for node in graph.node):
+        for init in [i for i in graph.initializer if i.name in (COS_CACHE, SIN_CACHE)]:
+            graph.initializer.remove(init)
     used = {name for node in graph.node for name in node.input} | outputs
     if "attention_mask" in used:
         raise _Refused("attention_mask still read outside attention")
@@ -149,10 +158,11 @@ def _rewrite(model: onnx.ModelProto, config: dict[str, Any]) -> None:
 
 
 def _layer(
-    index: _Graph, layer: int, heads: int, kv_heads: int
+    index: _Graph, layer: int, heads: int, kv_heads: int, *, rotary: bool
 ) -> tuple[onnx.NodeProto, list[onnx.NodeProto]]:
-    """The GQA node (and its input reshapes) replacing layer `layer`'s attention, and the node
-    they go before."""
+    """The GQA node (and any input reshapes) replacing layer `layer`'s attention, and the node
+    they go before. With `rotary`, and when the layer's RoPE has the usual shape, attention
+    also applies the rotary embedding itself and reads the projections' outputs directly."""
     from onnx import helper
 
     past_key, past_value = (f"past_key_values.{layer}.{kind}" for kind in ("key", "value"))
@@ -169,23 +179,38 @@ def _layer(
     query, query_scale = _strip_scale(index, scores.input[0])
     scale *= query_scale
 
+    unrotated = [_unrotated(index, query), _unrotated(index, new_key)] if rotary else []
+    do_rotary = bool(unrotated) and all(
+        name is not None and _flat(index, name) for name in unrotated
+    )
+    sources = [*(unrotated if do_rotary else [query, new_key]), new_value]
     p = f"{_PREFIX}_{layer}"
     nodes, flat = [], []
-    for name, tensor in (("q", query), ("k", new_key), ("v", new_value)):
+    for name, tensor in zip(("q", "k", "v"), sources, strict=True):
+        assert tensor is not None
+        direct = _flat(index, tensor)
+        if direct:  # [batch, seq, heads * dim] before the graph split it into heads
+            flat.append(direct)
+            continue
         nodes.append(helper.make_node("Transpose", [tensor], [f"{p}_{name}_t"], perm=[0, 2, 1, 3]))
-        nodes.append(helper.make_node("Reshape", [f"{p}_{name}_t", f"{p}_flat"], [f"{p}_{name}"]))
+        nodes.append(helper.make_node("Reshape", [f"{p}_{name}_t", _FLAT], [f"{p}_{name}"]))
         flat.append(f"{p}_{name}")
-    index.graph.initializer.append(_int64(f"{p}_flat", [0, 0, -1]))
+    if nodes and _FLAT not in index.constants:
+        index.graph.initializer.append(_int64(_FLAT, [0, 0, -1]))
+        index.constants[_FLAT] = np.array([0, 0, -1])
+    rope_inputs = [COS_CACHE, SIN_CACHE] if do_rotary else []
     nodes.append(
         helper.make_node(
             "GroupQueryAttention",
-            [*flat, past_key, past_value, SEQLENS, TOTAL],
+            [*flat, past_key, past_value, SEQLENS, TOTAL, *rope_inputs],
             [merge.output[0], present_key, present_value],
             name=f"{p}_attention",
             domain="com.microsoft",
             num_heads=heads,
             kv_num_heads=kv_heads,
             scale=scale,
+            do_rotary=int(do_rotary),
+            rotary_interleaved=0,
         )
     )
     for node in (index.producer[present_key], index.producer[present_value], merge):
@@ -194,6 +219,75 @@ def _layer(
     if not consumers:
         raise _Refused("attention output unused")
     return consumers[0], nodes
+
+
+def _flat(index: _Graph, heads_first: str) -> str | None:
+    """The `[batch, seq, heads * dim]` tensor that `Reshape` + `Transpose(0, 2, 1, 3)` turned
+    into `heads_first` (how every projection is split into heads), if that is how it was made."""
+    transpose = index.producer.get(heads_first)
+    if transpose is None or transpose.op_type != "Transpose" or _perm(transpose) != [0, 2, 1, 3]:
+        return None
+    reshape = index.producer.get(transpose.input[0])
+    if reshape is None or reshape.op_type != "Reshape":
+        return None
+    return reshape.input[0]
+
+
+def _unrotated(index: _Graph, rotated: str) -> str | None:
+    """`x` when `rotated` is HF's `x * cos + rotate_half(x) * sin`, with `rotate_half` spelled
+    `Concat(Neg(Slice(x)), Slice(x))`; None for any other shape."""
+    add = index.producer.get(rotated)
+    if add is None or add.op_type != "Add":
+        return None
+    products = [index.producer.get(name) for name in add.input]
+    if len(products) != 2 or any(p is None or p.op_type != "Mul" for p in products):
+        return None
+    for plain, turned in (products, products[::-1]):
+        halves = [index.producer.get(name) for name in turned.input]  # type: ignore[union-attr]
+        concat = next((n for n in halves if n is not None and n.op_type == "Concat"), None)
+        if concat is None or len(concat.input) != 2:
+            continue
+        negated = index.producer.get(concat.input[0])
+        if negated is None or negated.op_type != "Neg":
+            continue
+        slices = [index.producer.get(negated.input[0]), index.producer.get(concat.input[1])]
+        if any(n is None or n.op_type != "Slice" for n in slices):
+            continue
+        source = {n.input[0] for n in slices}  # type: ignore[union-attr]
+        if len(source) == 1 and source <= set(plain.input):  # type: ignore[union-attr]
+            return source.pop()
+    return None
+
+
+def _plain_rope(config: dict[str, Any]) -> bool:
+    """Whether RoPE is the original (no scaling, every dim rotated) on heads ONNX Runtime's
+    rotary kernel takes (a multiple of 16): the caches below are then what the graph computes
+    from the positions."""
+    scaling = config.get("rope_scaling")
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
+    partial = config.get("partial_rotary_factor", 1.0)
+    heads = config.get("num_attention_heads")
+    if not heads or "max_position_embeddings" not in config:
+        return False
+    dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    return (scaling is None or kind == "default") and partial in (None, 1, 1.0) and dim % 16 == 0
+
+
+def _rope_caches(config: dict[str, Any]) -> list[onnx.TensorProto]:
+    """cos / sin of position x inverse frequency, [context, head_dim / 2], computed in float32
+    the way transformers' default rotary embedding does."""
+    from onnx import numpy_helper
+
+    dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    base = np.float32(config.get("rope_theta", 10000.0))
+    exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = np.float32(1.0) / np.power(base, exponent, dtype=np.float32)
+    positions = np.arange(int(config["max_position_embeddings"]), dtype=np.float32)
+    freqs = np.outer(positions, inv_freq).astype(np.float32)
+    return [
+        numpy_helper.from_array(np.cos(freqs).astype(np.float32), COS_CACHE),
+        numpy_helper.from_array(np.sin(freqs).astype(np.float32), SIN_CACHE),
+    ]
 
 
 def _appended(index: _Graph, present: str, past: str) -> str:

@@ -143,7 +143,8 @@ class SlotBatch:
         binding = model.session.io_binding()
         binding.bind_output("logits")
         binding.bind_cpu_input("input_ids", ids.astype(spec.ids_dtype, copy=False))
-        binding.bind_cpu_input("position_ids", positions)
+        if spec.has_position_ids:  # else attention applies the rotary embedding itself
+            binding.bind_cpu_input("position_ids", positions)
         binding.bind_cpu_input(SEQLENS, (totals - 1).astype(np.int32))
         binding.bind_cpu_input(TOTAL, np.array(totals.max(), np.int32))
         shape = [rows, *self._shape[1:]]

@@ -152,7 +152,7 @@ def _can_edit() -> bool:
     return True
 
 
-FUSED_TAG = "gqa-v1"  # part of the optimized-graph cache key: bump on any change of the edit
+FUSED_TAG = "gqa-rope-v2"  # part of the optimized-graph cache key: bump on any change of the edit
 
 
 def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> str | bytes:

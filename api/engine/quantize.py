@@ -31,9 +31,14 @@ _EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's 2 GB limit, with margin
 @dataclass(frozen=True)
 class Int4Config:
     """How `MatMulNBits` quantizes: layers at 4 bits, the head at `head_bits` (4, 8, or 32
-    to keep it fp32). Defaults chosen by `bench/quantize.py` (see the export's docstring)."""
+    to keep it fp32). Defaults chosen by `bench/quantize.py` (see the export's docstring).
 
-    block_size: int = 32
+    Blocks of 128 weights per scale, not 32: measured on the Qwen2.5-0.5B shape (2 cores,
+    fused attention), one stream decodes 37 tok/s against 31 (the kernel's per-block work, not
+    the bytes, was the cost), while greedy agreement with fp32 over 32 prompts x 24 tokens of
+    `tests/engine/test_quantize.py`'s model stayed 0.983 against 0.986."""
+
+    block_size: int = 128
     accuracy_level: int = 4  # int8 activations in the kernel: the fast CPU path
     head_bits: int = 8
     symmetric: bool = True

@@ -31,6 +31,24 @@ def test_attention_is_fused_where_the_graph_allows(tiny_exports, arch: str, fuse
     assert model.spec.shared_kv is fused
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_attention_applies_plain_rope_itself(tiny_exports, arch: str) -> None:
+    """With unscaled RoPE the graph's own rotary ops go, and with them the positions input;
+    a scaled RoPE (here llama3-style) keeps the graph's rotary ops and its position_ids."""
+    path = tiny_exports[arch].path
+    config = json.loads((path / "config.json").read_text())
+    plain = onnx.load(str(path / "model.onnx"))
+    assert fuse_attention(plain, config)
+    assert "position_ids" not in {i.name for i in plain.graph.input}
+    assert not any(node.op_type == "Neg" for node in plain.graph.node)
+
+    scaled = onnx.load(str(path / "model.onnx"))
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}
+    assert fuse_attention(scaled, config | {"rope_scaling": llama3})
+    assert "position_ids" in {i.name for i in scaled.graph.input}
+    assert any(node.op_type == "Neg" for node in scaled.graph.node)
+
+
 def test_a_sliding_window_model_is_served_as_exported(tiny_exports) -> None:
     path = tiny_exports["qwen2"].path
     config = json.loads((path / "config.json").read_text()) | {"use_sliding_window": True}

@@ -75,8 +75,10 @@ def test_graph_facts_are_read_from_the_export() -> None:
     engine = make_engine(DEMO_DIR)
     spec = engine.model.spec
     assert (spec.num_layers, spec.kv_heads, spec.head_dim) == (2, 2, 16)
-    # Served with fused attention: rows' lengths replace the attention mask.
-    assert spec.has_position_ids and spec.shared_kv and not spec.has_attention_mask
+    # Served with fused attention: rows' lengths replace the attention mask, and attention
+    # rotates queries and keys itself, so positions are no input either.
+    assert spec.shared_kv and not spec.has_attention_mask and not spec.has_position_ids
     assert engine.model.eos_token_ids == {0, 2}
     as_exported = OnnxCausalLM(DEMO_DIR, threads=1, fuse_attention=False).spec
-    assert as_exported.has_attention_mask and not as_exported.shared_kv
+    assert as_exported.has_attention_mask and as_exported.has_position_ids
+    assert not as_exported.shared_kv
