@@ -6,7 +6,8 @@
 Builds the model from a config (no hub), exports it once with optimum-onnx into bench/out/
 (git-ignored; ~70 s, ~5.5 GB peak), then on that one ONNX file measures, in one run:
 
-- a bare ONNX Runtime greedy loop (prefill, then argmax + feed `present` back): the floor;
+- a bare ONNX Runtime greedy loop on the graph as exported (prefill, then argmax + feed
+  `present` back): the floor of any loop on that graph;
 - the engine with 1, 4, 8, 16 concurrent greedy streams: per-stream and aggregate tokens/s;
 - Optimum's `ORTModelForCausalLM.generate` (greedy);
 - time to first token for a 512-token prompt, engine vs bare vs Optimum.
@@ -401,7 +402,8 @@ def main() -> int:
     for streams in (1, 4, 8, 16):
         per, agg, _ = results[streams]
         print(
-            f"| engine, {streams} streams | {per:.2f} | {agg:.2f} | {agg / one_stream_agg:.2f}x |"
+            f"| engine, {streams} stream{'s' if streams > 1 else ''} | {per:.2f} | {agg:.2f} "
+            f"| {agg / one_stream_agg:.2f}x |"
         )
     print()
     print("| time to first token, 512-token prompt | s |")
