@@ -66,14 +66,31 @@ def fuse_attention(model: onnx.ModelProto, config: dict[str, Any]) -> bool:
     inputs = {i.name for i in model.graph.input}
     if "position_ids" not in inputs:
         return False
-    edited = type(model)()
-    edited.CopyFrom(model)
+    graph = model.graph
+    # What `_rewrite` may have changed before it refuses. Not a copy of the model: an int4 or
+    # int8 export keeps its weights inside the graph, and a copy would add their size to the
+    # peak memory of every start.
+    nodes, inputs = _copies(graph.node), _copies(graph.input)
+    initializers = len(graph.initializer)
     try:
-        _rewrite(edited, config)
+        _rewrite(model, config)
     except _Refused:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        del graph.input[:]
+        graph.input.extend(inputs)
+        del graph.initializer[initializers:]
         return False
-    model.CopyFrom(edited)
     return True
+
+
+def _copies(messages: Any) -> list[Any]:
+    copies = []
+    for message in messages:
+        copy = type(message)()
+        copy.CopyFrom(message)
+        copies.append(copy)
+    return copies
 
 
 class _Graph:

@@ -49,9 +49,15 @@ def test_attention_applies_plain_rope_itself(tiny_exports, arch: str) -> None:
     assert any(node.op_type == "Neg" for node in scaled.graph.node)
 
 
-def test_a_sliding_window_model_is_served_as_exported(tiny_exports) -> None:
-    path = tiny_exports["qwen2"].path
-    config = json.loads((path / "config.json").read_text()) | {"use_sliding_window": True}
+@pytest.mark.parametrize(
+    ("arch", "change"),
+    [("qwen2", {"use_sliding_window": True}), ("gpt2", {})],
+)
+def test_a_refused_graph_is_left_as_exported(tiny_exports, arch: str, change: dict) -> None:
+    """Refused up front (a sliding window), or part-way through the rewrite (gpt2's attention
+    is not the llama pattern): either way not one byte of the graph changes."""
+    path = tiny_exports[arch].path
+    config = json.loads((path / "config.json").read_text()) | change
     graph = onnx.load(str(path / "model.onnx"))
     before = graph.SerializeToString()
     assert not fuse_attention(graph, config)
