@@ -149,8 +149,7 @@ def _generate_sample(out: Path, max_tokens: int = 8) -> str:
     thread = threading.Thread(target=target, name="export-check")
     thread.start()
     thread.join()
-    if "error" in result:
-        raise ExportFailed(f"{out}: the engine cannot generate from it: {result['error']}") from (
-            result["error"]  # type: ignore[misc]
-        )
+    error = result.get("error")
+    if isinstance(error, BaseException):
+        raise ExportFailed(f"{out}: the engine cannot generate from it: {error}") from error
     return str(result["text"])

@@ -63,8 +63,7 @@ def fuse_attention(model: onnx.ModelProto, config: dict[str, Any]) -> bool:
     """Edit `model` in place to use `GroupQueryAttention`; False (model untouched) if it cannot."""
     if _sliding_window(config) or config.get("attn_logit_softcapping"):
         return False
-    inputs = {i.name for i in model.graph.input}
-    if "position_ids" not in inputs:
+    if "position_ids" not in {i.name for i in model.graph.input}:
         return False
     graph = model.graph
     # What `_rewrite` may have changed before it refuses. Not a copy of the model: an int4 or
@@ -399,7 +398,7 @@ def _strip_scale(index: _Graph, name: str) -> tuple[str, float]:
 def _ancestors(index: _Graph, name: str, *, depth: int) -> set[str]:
     names, frontier = {name}, [name]
     for _ in range(depth):
-        nxt = []
+        nxt: list[str] = []
         for tensor in frontier:
             node = index.producer.get(tensor)
             if node is not None:

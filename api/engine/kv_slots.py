@@ -18,6 +18,7 @@ follows the longest sequence, not the context window times the slot count.
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 
 from api.engine.fused_attention import SEQLENS, TOTAL
 from api.engine.model import OnnxCausalLM
@@ -40,6 +41,7 @@ class SlotBatch:
         self._lengths = np.zeros(slots, np.int64)  # tokens in the cache, per row
         self.seqs: list[Sequence] = []  # decoding, rows [0, len(seqs))
         self.grouping: Grouping = "single"  # attention takes one prompt per call
+        self._binding: tuple[tuple[int, int, int], ort.IOBinding] | None = None
 
     # ---- the scheduler's operations ----------------------------------------------------------
 
@@ -139,23 +141,33 @@ class SlotBatch:
         `totals`; the cache is read and written in place."""
         self._reserve(int(totals.max()))
         model, spec = self.model, self.model.spec
-        rows = len(ids)
-        binding = model.session.io_binding()
-        binding.bind_output("logits")
+        binding = self._cache_binding(first_row, len(ids))
+        binding.bind_output("logits")  # rebound in place: ONNX Runtime allocates it anew
         binding.bind_cpu_input("input_ids", ids.astype(spec.ids_dtype, copy=False))
         if spec.has_position_ids:  # else attention applies the rotary embedding itself
             binding.bind_cpu_input("position_ids", positions)
         binding.bind_cpu_input(SEQLENS, (totals - 1).astype(np.int32))
         binding.bind_cpu_input(TOTAL, np.array(totals.max(), np.int32))
-        shape = [rows, *self._shape[1:]]
-        element = spec.kv_dtype
-        for past, present, buffer in zip(
-            spec.past_names, spec.present_names, self._buffers, strict=True
-        ):
-            block = buffer[first_row : first_row + rows]
-            pointer = block.ctypes.data
-            binding.bind_input(past, "cpu", 0, element, shape, pointer)
-            binding.bind_output(present, "cpu", 0, element, shape, pointer)
         model.session.run_with_iobinding(binding)
         logits: np.ndarray = binding.get_outputs()[0].numpy()
         return model.last_logits(logits)
+
+    def _cache_binding(self, first_row: int, rows: int) -> ort.IOBinding:
+        """A binding of rows `[first_row, first_row + rows)` of every cache buffer as both past
+        and present. Kept while the rows and buffers stay the same (every decode step of a
+        steady batch): binding 48 buffers anew cost about 1 ms a step on 24 layers."""
+        key = (first_row, rows, self.capacity)
+        if self._binding is not None and self._binding[0] == key:
+            return self._binding[1]
+        spec = self.model.spec
+        binding = self.model.session.io_binding()
+        binding.bind_output("logits")  # first: outputs come back in binding order
+        shape = [rows, *self._shape[1:]]
+        for past, present, buffer in zip(
+            spec.past_names, spec.present_names, self._buffers, strict=True
+        ):
+            pointer = buffer[first_row : first_row + rows].ctypes.data
+            binding.bind_input(past, "cpu", 0, spec.kv_dtype, shape, pointer)
+            binding.bind_output(present, "cpu", 0, spec.kv_dtype, shape, pointer)
+        self._binding = (key, binding)
+        return binding

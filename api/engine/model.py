@@ -28,7 +28,7 @@ CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
-_ORT_TYPES = {
+_ORT_TYPES: dict[str, type[np.generic]] = {
     "tensor(float)": np.float32,
     "tensor(float16)": np.float16,
     "tensor(int64)": np.int64,
