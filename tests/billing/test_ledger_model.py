@@ -32,7 +32,6 @@ from hypothesis.stateful import (
     consumes,
     initialize,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -192,9 +191,10 @@ def books_machine(
                 refused = [rid for rid in ids if rid not in granted]
                 assert not session.exec(select(Hold.id).where(col(Hold.id).in_(refused))).all()
 
-        @precondition(lambda self: bool(self.model.holds))
         @rule(pick=st.integers(0, 1_000), fraction=st.floats(0, 1))
         def checkpoint(self, pick: int, fraction: float) -> None:
+            if self._no_open_holds():
+                return
             request_id = self._pick(pick)
             hold = self.model.holds[request_id]
             used = hold.used + int((hold.amount - hold.used) * fraction)
@@ -224,7 +224,6 @@ def books_machine(
             if hold is not None:
                 self.model.resolved.add(request_id)
 
-        @precondition(lambda self: bool(self.model.holds))
         @rule(
             pick=st.integers(0, 1_000),
             fraction=st.floats(0, 1),
@@ -234,6 +233,8 @@ def books_machine(
         def race_to_resolve(self, pick: int, fraction: float, kinds: list[str], count: int) -> None:
             """Settlers and releasers all try to resolve one hold at once (a request ending
             while its client disconnects): exactly one wins, and only its outcome is booked."""
+            if self._no_open_holds():
+                return
             request_id = self._pick(pick)
             hold = self.model.holds.pop(request_id)
             cost = int(hold.amount * fraction)
@@ -292,6 +293,14 @@ def books_machine(
                     keys.authenticate(session=session, key=self.key)
                 assert keys.authenticate(session=session, key=new_key).account_id == self.account_id
             self.key = new_key
+
+        def _no_open_holds(self) -> bool:
+            """Whether there is no hold to act on. Checked in the rule, not as a Hypothesis
+            precondition: which racer wins `race_to_resolve` is up to the database, so the
+            balance and hence later refusals differ between runs of the same example, and a
+            precondition reading them makes Hypothesis's replay draw differently
+            (FlakyStrategyDefinition, seen once on PostgreSQL in CI)."""
+            return not self.model.holds
 
         def _pick(self, pick: int) -> str:
             """An open hold, chosen without drawing from the state: which burst request won
