@@ -170,9 +170,8 @@ class PaddedBatch:
     def _chunk(self, item: Prefill, tokens: int) -> np.ndarray:
         """The next `tokens` prompt tokens of `item`, on top of the KV cache of the ones before."""
         end = item.done + tokens
-        ids = np.array([item.seq.request.prompt_token_ids[item.done : end]], np.int64)
+        ids, positions = item.next_tokens(tokens)
         mask = np.ones((1, end), np.int64)
-        positions = np.arange(item.done, end, dtype=np.int64)[None]
         past = item.cache.past if item.cache is not None else self.model.empty_past(1)
         logits, presents = self.model.forward(ids, mask, positions, past)
         item.cache = KVCache.from_prefill(presents, end)

@@ -50,8 +50,7 @@ class SlotBatch:
         (item,) = call.group
         row = self._row_of(item.seq) if item.done else self._free_row(item.seq)
         end = item.done + call.tokens
-        ids = np.array([item.seq.request.prompt_token_ids[item.done : end]], np.int64)
-        positions = np.arange(item.done, end, dtype=np.int64)[None]
+        ids, positions = item.next_tokens(call.tokens)
         logits = self._run(row, ids, positions, np.array([end], np.int64))
         self._lengths[row] = end
         item.done = end

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from api.engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -35,6 +37,12 @@ class Prefill:
     @property
     def remaining(self) -> int:
         return self.seq.prompt_len - self.done
+
+    def next_tokens(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Input ids and positions, each [1, count], of the next `count` prompt tokens."""
+        end = self.done + count
+        ids = np.array([self.seq.request.prompt_token_ids[self.done : end]], np.int64)
+        return ids, np.arange(self.done, end, dtype=np.int64)[None]
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ import numpy as np
 import onnx
 import pytest
 
+from api.engine.batch import PaddedBatch
 from api.engine.fused_attention import fuse_attention
-from api.engine.kv_slots import INITIAL_CAPACITY
+from api.engine.kv_slots import INITIAL_CAPACITY, SlotBatch
 from api.engine.model import OnnxCausalLM
-from tests.engine.conftest import greedy, make_engine, run_steps
+from api.engine.prefill import Prefill, PrefillCall
+from tests.engine.conftest import greedy, make_engine, manual_sequence, run_steps
 from tests.engine.test_exactness import random_prompt, tokens_of
 
 
@@ -71,20 +73,14 @@ def test_fused_logits_equal_the_graph_as_exported(tiny_exports, arch: str) -> No
     prompt = random_prompt(export, 11, seed=3)
     fused = make_engine(export.path)
     plain = make_engine(export.path, fused_attention=False)
-    logits = []
-    for engine in (fused, plain):
-        batch = engine.scheduler._batch
-        steps = _prefill_and_decode(engine, prompt, decode_steps=4)
-        logits.append(steps)
-        assert type(batch).__name__ == ("SlotBatch" if engine is fused else "PaddedBatch")
+    assert isinstance(fused.scheduler._batch, SlotBatch)
+    assert isinstance(plain.scheduler._batch, PaddedBatch)
+    logits = [_prefill_and_decode(engine, prompt, decode_steps=4) for engine in (fused, plain)]
     for got, want in zip(*logits, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def _prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.ndarray]:
-    from api.engine.prefill import Prefill, PrefillCall
-    from tests.engine.conftest import manual_sequence
-
     batch = engine.scheduler._batch
     item = Prefill(manual_sequence(engine, greedy("r", prompt, decode_steps + 1)))
     steps = [batch.prefill(PrefillCall([item], len(prompt)))]
