@@ -33,6 +33,7 @@ VARIANTS: dict[str, Int4Config | str | None] = {
     "int8-dynamic": "int8",
     "int4-b32-a4-head8": Int4Config(block_size=32, accuracy_level=4, head_bits=8),
     "int4-b128-a4-head8": Int4Config(block_size=128, accuracy_level=4, head_bits=8),
+    "int4-b128-a4-head8nbits": Int4Config(block_size=128, head_bits=8, head_dynamic=False),
     "int4-b32-a4-head4": Int4Config(block_size=32, accuracy_level=4, head_bits=4),
     "int4-b128-a4-head4": Int4Config(block_size=128, accuracy_level=4, head_bits=4),
     "int4-b32-a0-head8": Int4Config(block_size=32, accuracy_level=0, head_bits=8),

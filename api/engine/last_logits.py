@@ -10,8 +10,13 @@ feeds the head.
 The edit is exact because everything from that hidden state to `logits` works position by
 position: the head (`MatMul`, or `MatMulNBits` after int4 quantization), then element-wise ops
 with constant operands (a `Cast`, gemma-style soft-capping). Any other shape of graph is left
-alone (`slice_last_position` returns False) and the engine reads `logits[:, -1]` as before: so is
-an int8 `MatMulInteger` head, whose dynamic activation scale spans every position it is given.
+alone (`slice_last_position` returns False) and the engine reads `logits[:, -1]` as before.
+
+One head is sliced although it does not work position by position: an int8 head of ONNX
+Runtime's dynamic quantization (`DynamicQuantizeLinear` -> `MatMulInteger` -> rescale), whose
+activation scale spans every position it is given. Sliced, the last position is quantized with
+a scale of its own, as on every decode step; unsliced, a 512-token prompt would run the
+151,936-column head over all 512 positions (about 0.5 s of a 2-core prefill) for one row of it.
 
 Only the graph proto is read (no weights): the edited bytes are handed to ONNX Runtime, which
 finds external weight files through the model dir. `onnx` is part of the export extra; without it
@@ -28,10 +33,11 @@ if TYPE_CHECKING:
     import onnx
 
 _HEADS = {"MatMul", "MatMulNBits"}
+_RESCALE = {"Mul", "Cast"}  # an int8 head's int32 result back to float
 # Ops that act on each position on their own when their other operands are constants.
 _PER_POSITION = {"Cast", "Identity", "Mul", "Div", "Add", "Sub", "Tanh"}
 _PREFIX = "tokenshop_last_position"
-EDIT_TAG = "last-position-logits-v1"  # part of the optimized-graph cache key: bump on any change
+EDIT_TAG = "last-position-logits-v2"  # part of the optimized-graph cache key: bump on any change
 
 
 def slice_last_position(model: onnx.ModelProto) -> bool:
@@ -61,15 +67,48 @@ def _head_of(
     producers: dict[str, onnx.NodeProto],
     constants: set[str],
 ) -> onnx.NodeProto | None:
-    """Walk back from `logits` over per-position ops to the LM head MatMul."""
+    """Walk back from `logits` over per-position ops to the LM head MatMul (for an int8 head,
+    its `DynamicQuantizeLinear`): the node whose first input is the hidden state to slice."""
     while node is not None and node.op_type in _PER_POSITION:
         variable = [name for name in node.input if name not in constants]
         if len(variable) != 1:
-            return None
+            return _dynamic_int8_head(node, producers, constants)
         node = producers.get(variable[0])
     if node is None or node.op_type not in _HEADS or node.input[1] not in _static(node, producers):
         return None
     return node
+
+
+def _dynamic_int8_head(
+    end: onnx.NodeProto, producers: dict[str, onnx.NodeProto], constants: set[str]
+) -> onnx.NodeProto | None:
+    """The `DynamicQuantizeLinear` of an int8 head as `quantize_dynamic` writes it,
+    `Mul(Cast(MatMulInteger(x_q, W, x_zp, W_zp)), Mul(x_scale, W_scale))`, if `end` ends one."""
+    quantizers: dict[str, onnx.NodeProto] = {}
+    matmuls: list[onnx.NodeProto] = []
+    pending, seen = [end], set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type == "MatMulInteger":
+            matmuls.append(node)
+        elif node.op_type not in _RESCALE:
+            return None
+        for name in node.input:
+            producer = producers.get(name)
+            if not name or name in constants:
+                continue
+            if producer is None:
+                return None
+            if producer.op_type == "DynamicQuantizeLinear":
+                quantizers[producer.output[0]] = producer
+            else:
+                pending.append(producer)
+    if len(quantizers) != 1 or len(matmuls) != 1 or matmuls[0].input[1] not in constants:
+        return None
+    return next(iter(quantizers.values()))
 
 
 def _static(head: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> set[str]:

@@ -106,13 +106,34 @@ def test_quantized_greedy_tokens_mostly_agree_with_fp32(tied_export: Path, tmp_p
     figures = {}
     for method in ("int8", "int4"):
         model = OnnxCausalLM(quantized_copy(tied_export, tmp_path / method, method), threads=1)
-        # An int4 head (MatMulNBits) is served computing the last position only; an int8 head's
-        # dynamic scale spans the positions it gets, so that graph is left as exported.
-        assert model.last_position_only == (method == "int4")
+        assert model.last_position_only  # prefill runs the head on the last position only
         figures[method] = agreement(model, sequences)
     print(f"greedy agreement with fp32 over {PROMPTS}x{NEW_TOKENS} tokens: {figures}")
     for method, share in figures.items():
         assert share >= MIN_AGREEMENT[method], (method, share)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_prefill_logits_of_the_sliced_int8_head_stay_within_quantization_noise(
+    tied_export: Path, tmp_path: Path, method: str
+) -> None:
+    """The int8 head quantizes its input with one scale over every position it is given: sliced
+    to the last position, that scale is the last position's own (as on each decode step), so
+    prefill logits move by quantization noise, never to another token."""
+    path = quantized_copy(tied_export, tmp_path / method, method)
+    model = OnnxCausalLM(path, threads=1, fuse_attention=False)  # `forward` runs this graph
+    rng = np.random.default_rng(1)
+    vocab = int(model.config["vocab_size"])
+    for length in (5, 17, 40):
+        tokens = rng.integers(3, vocab, size=length).tolist()
+        ids = np.array([tokens])
+        positions = np.arange(length)[None]
+        sliced, _ = model.forward(ids, np.ones_like(ids), positions, model.empty_past(1))
+        full = all_logits(model, tokens)[-1]
+        noise = np.abs(sliced[0] - full).max() / np.ptp(full)
+        print(f"{method} head, {length}-token prompt: max change {noise:.4f} of the logit range")
+        assert int(np.argmax(sliced[0])) == int(np.argmax(full))
+        assert noise < 0.02
 
 
 def test_int4_export_quantizes_the_tied_head_and_keeps_one_embedding(
