@@ -142,7 +142,7 @@ def test_int4_export_quantizes_the_tied_head_and_keeps_one_embedding(
     out = quantized_copy(tied_export, tmp_path / "int4", "int4")
     model = onnx.load(str(out / "model.onnx"))
     ops = {n.name: n.op_type for n in model.graph.node}
-    assert head_node(model) is None  # the head MatMul became a MatMulNBits
+    assert head_node(model) is None  # the head MatMul became a quantized int8 MatMulInteger
     assert "MatMulNBits" in ops.values()
     assert not any(op == "MatMul" and "mlp" in name for name, op in ops.items())
     big_floats = [
