@@ -97,9 +97,9 @@ def _dynamic_int8_head(
         elif node.op_type not in _RESCALE:
             return None
         for name in node.input:
-            producer = producers.get(name)
             if not name or name in constants:
                 continue
+            producer = producers.get(name)
             if producer is None:
                 return None
             if producer.op_type == "DynamicQuantizeLinear":

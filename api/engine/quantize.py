@@ -53,7 +53,11 @@ def quantize_int8(out: Path, *, source: Path | None = None) -> None:
     """ONNX Runtime dynamic int8 quantization of every MatMul weight, the head included.
 
     The graph is read from `source` (default: `out`) and written to `out`."""
-    _quantize_dynamic(untie_head(_load(source or out)), out)
+    model = untie_head(_load(source or out))
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        _save(model, Path(tmp))
+        del model  # the quantizer loads the graph again from the file
+        _quantize_dynamic(Path(tmp), out)
 
 
 def quantize_int4(
@@ -66,37 +70,33 @@ def quantize_int4(
     model = untie_head(_load(source or out))
     head = head_node(model)
     model = _matmul_nbits(model, bits=4, config=config, exclude=[head] if head else [])
-    if head and config.head_bits == 8 and config.head_dynamic:
-        _quantize_dynamic(model, out, nodes=[head])
-        return
-    if head and config.head_bits < 32:
+    dynamic_head = config.head_bits == 8 and config.head_dynamic
+    if head and config.head_bits < 32 and not dynamic_head:
         model = _matmul_nbits(model, bits=config.head_bits, config=config, include=[head])
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         _save(model, Path(tmp))
-        del model
-        _replace_graph(out, Path(tmp))
+        del model  # the dynamic quantizer loads the graph again from the file
+        if head and dynamic_head:
+            _quantize_dynamic(Path(tmp), out, nodes=[head])
+        else:
+            _replace_graph(out, Path(tmp))
 
 
-def _quantize_dynamic(model, out: Path, *, nodes: list[str] | None = None) -> None:  # noqa: ANN001
-    """ONNX Runtime's dynamic int8 quantization of `nodes` (default: every MatMul) of `model`,
-    written to `out`. The quantizer reads and writes files, so `model` goes through a temp dir."""
+def _quantize_dynamic(source: Path, out: Path, *, nodes: list[str] | None = None) -> None:
+    """ONNX Runtime's dynamic int8 quantization of `nodes` (default: every MatMul) of the graph
+    saved in dir `source`, written to `out`. The quantizer reads and writes files, so callers
+    save their graph and drop it first: an int4 graph in memory is as large as its file."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory(dir=out) as tmp:
-        source = Path(tmp) / "source" / MODEL_FILE
-        source.parent.mkdir()
-        _save(model, source.parent)
-        del model
-        quantized = Path(tmp) / "quantized"
-        quantized.mkdir()
         quantize_dynamic(
-            source,
-            quantized / MODEL_FILE,
+            source / MODEL_FILE,
+            Path(tmp) / MODEL_FILE,
             weight_type=QuantType.QInt8,
             nodes_to_quantize=nodes,
-            use_external_data_format=_size(source.parent) > _EXTERNAL_DATA_THRESHOLD * 4,
+            use_external_data_format=_size(source) > _EXTERNAL_DATA_THRESHOLD * 4,
         )
-        _replace_graph(out, quantized)
+        _replace_graph(out, Path(tmp))
 
 
 def head_node(model) -> str | None:  # noqa: ANN001 - onnx.ModelProto, imported lazily
