@@ -424,8 +424,8 @@ class HttpClient:
                 for event in events
             ]
             try:
-                for event in events:
-                    await event.wait()
+                for task, event in zip(background, events, strict=True):
+                    await _started(task, event)
                 submitted, first, _, _ = await self.stream(c, self.long_text, 1, None)
             finally:
                 for task in background:
@@ -433,6 +433,16 @@ class HttpClient:
                 await asyncio.gather(*background, return_exceptions=True)
             await self.server.wait_idle(c)
         return first - submitted
+
+
+async def _started(stream: asyncio.Task, event: asyncio.Event) -> None:
+    """Until `stream` has its first token; raises if it ends first (a dead server, say)."""
+    waiter = asyncio.ensure_future(event.wait())
+    await asyncio.wait({stream, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if not event.is_set():
+        stream.result()  # its exception, if it failed
+        raise RuntimeError("a background stream ended before its first token")
 
 
 @dataclass

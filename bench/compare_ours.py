@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/compare_ours.py EXPORT_DIR [--bare]
 
-Loads one export with `LocalEngine` (default limits, like the server) and answers one JSON
-command per stdin line with one `@@`-prefixed JSON line on stdout. Each engine lives in its own
-process so its peak RSS is its own, and so the comparison can interleave peers round by round
+Loads one export with `LocalEngine` (default limits and graph cache, like the server) and answers
+one JSON command per stdin line with one `@@`-prefixed JSON line on stdout. Each engine lives in its
+own process so its peak RSS is its own, and so the comparison can interleave peers round by round
 without loading them again. With `--bare` the worker holds no engine but the export's graph as
 exported, and runs the bare ONNX Runtime loop on it (the floor of what any generation loop on
 that graph can do); the measurements themselves are `bench/engine.py`'s, reused.
@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from api.engine.engine import LocalEngine  # noqa: E402
 from api.engine.model import OnnxCausalLM  # noqa: E402
+from api.engine.ort_cache import default_cache_dir  # noqa: E402
 from bench.engine import (  # noqa: E402
     bare_loop,
     engine_streams,
@@ -64,8 +65,10 @@ def handle_bare(model: OnnxCausalLM, command: dict[str, Any]) -> dict[str, Any]:
 
 
 async def serve(path: Path, *, bare: bool) -> None:
-    engine = None if bare else LocalEngine("bench", path)  # default limits, as the server's
-    model = plain_model(path, None) if bare else None
+    # Default limits and the default graph cache, as the server's.
+    cache = default_cache_dir()
+    engine = None if bare else LocalEngine("bench", path, cache_dir=cache)
+    model = plain_model(path, None, cache) if bare else None
     if engine is not None:
         await engine.start()
     print("@@" + json.dumps({"ready": True}), flush=True)

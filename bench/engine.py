@@ -111,9 +111,9 @@ def prompt(length: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 2000, size=length).tolist()
 
 
-def plain_model(path: Path, threads: int | None) -> OnnxCausalLM:
+def plain_model(path: Path, threads: int | None, cache_dir: Path | None = None) -> OnnxCausalLM:
     """The export's graph as exported (only the last-position-logits edit): the bare loop's."""
-    return OnnxCausalLM(path, threads=threads, fuse_attention=False)
+    return OnnxCausalLM(path, threads=threads, cache_dir=cache_dir, fuse_attention=False)
 
 
 def bare_loop(model: OnnxCausalLM, ids: list[int], tokens: int) -> tuple[float, float]:

@@ -178,6 +178,28 @@ def _last_position_only(session: ort.InferenceSession) -> bool:
     return len(logits.shape) == 3 and logits.shape[1] == 1
 
 
+def session_options(threads: int | None) -> ort.SessionOptions:
+    """The engine's ONNX Runtime settings (a fresh object each call: a session may be opened
+    twice, `ort_cache.py`)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    # Pool threads spin between the ops of a run (a sleeping thread takes tens of us to
+    # wake, and a decode step is ~340 small ops) but stop when the run ends, leaving the
+    # cores to the scheduler's Python and the event loop. Measured on 2 cores against not
+    # spinning at all (interleaved rounds, medians): int4 one stream 40.1 -> 46.7 tok/s,
+    # 8 streams 95 -> 111, int8 one stream 31.8 -> 40.3; through the engine's own thread
+    # and event loop, int4 one stream +12%, 8 streams +12%, 512-token TTFT -10%.
+    # Spinning after runs too had cost one stream 27.5 -> 32.9 tok/s.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
+
+
 class OnnxCausalLM:
     """One ONNX Runtime session of a decoder-with-past graph, plus the facts read from config."""
 
@@ -195,22 +217,6 @@ class OnnxCausalLM:
         self.generation_config = read_json(path / GENERATION_CONFIG_FILE, required=False)
         if not model_file.is_file():
             raise ModelLoadError(f"{model_file}: missing; not an Optimum ONNX export dir")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.inter_op_num_threads = 1
-        if threads:
-            options.intra_op_num_threads = threads
-        options.log_severity_level = 3
-        # Pool threads spin between the ops of a run (a sleeping thread takes tens of us to
-        # wake, and a decode step is ~340 small ops) but stop when the run ends, leaving the
-        # cores to the scheduler's Python and the event loop. Measured on 2 cores against not
-        # spinning at all (interleaved rounds, medians): int4 one stream 40.1 -> 46.7 tok/s,
-        # 8 streams 95 -> 111, int8 one stream 31.8 -> 40.3; through the engine's own thread
-        # and event loop, int4 one stream +12%, 8 streams +12%, 512-token TTFT -10%.
-        # Spinning after runs too had cost one stream 27.5 -> 32.9 tok/s.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-        options.add_session_config_entry("session.force_spinning_stop", "1")
         load: Callable[[], str | bytes]
         if _can_edit():
             load = partial(_graph_source, model_file, self.config, fuse=fuse_attention)
@@ -222,7 +228,7 @@ class OnnxCausalLM:
                 path,
                 load,
                 tag=tag,
-                options=options,
+                options=partial(session_options, threads),
                 cache_dir=cache_dir,
             )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types

@@ -25,6 +25,9 @@ def test_the_second_load_reads_the_cached_graph_and_generates_the_same(tmp_path:
     (entry,) = cache.iterdir()
     second = make_engine(model_dir, cache_dir=cache)
 
+    # The first load, too, ends up serving the entry it wrote: the session built from the
+    # edited graph's bytes (and ONNX Runtime's copy of them) is let go.
+    assert first.model.session._model_path == str(entry / "model.onnx")
     assert second.model.session._model_path == str(entry / "model.onnx")
     assert second.model.last_position_only
     assert generated(first) == generated(second) == expected
