@@ -80,33 +80,39 @@ def open_session(
     first.add_session_config_entry(
         "session.model_external_initializers_file_folder_path", str(model_dir)
     )
-    staging = _staging_dir(entry)
-    if staging is None:
-        return ort.InferenceSession(graph, first, providers=_PROVIDERS)
-    first.optimized_model_filepath = str(staging / MODEL_FILE)
-    first.add_session_config_entry(
+    if entry is not None and (staging := _staging_dir(entry)) is not None:
+        session = _create_and_cache(graph, first, staging, entry)
+        del graph  # an edited graph's bytes: as large as its weights
+        # A session made from graph bytes keeps ONNX Runtime's copy of the whole model besides
+        # its weights: an int4 Qwen2.5-0.5B-shaped export held 2.0 GB after its first start,
+        # 0.4 GB when opened again from the entry just written (0.7 s more start-up, once).
+        fresh = _reopened(entry, options())
+        session = fresh if fresh is not None else session
+    else:
+        session = ort.InferenceSession(graph, first, providers=_PROVIDERS)
+        del graph
+    _release_freed_memory()  # glibc keeps what the load freed unless asked
+    return session
+
+
+def _create_and_cache(
+    graph: str | bytes, options: ort.SessionOptions, staging: Path, entry: Path
+) -> ort.InferenceSession:
+    """A session that also writes its optimized graph into `staging`, published as `entry`."""
+    options.optimized_model_filepath = str(staging / MODEL_FILE)
+    options.add_session_config_entry(
         "session.optimized_model_external_initializers_file_name", DATA_FILE
     )
-    first.add_session_config_entry(
+    options.add_session_config_entry(
         "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
     )
     try:
-        session = ort.InferenceSession(graph, first, providers=_PROVIDERS)
+        session = ort.InferenceSession(graph, options, providers=_PROVIDERS)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _publish(staging, entry)  # type: ignore[arg-type]
-    # A session made from graph bytes keeps ONNX Runtime's copy of the whole model besides its
-    # weights, and glibc keeps what the load freed: an int4 Qwen2.5-0.5B-shaped export held
-    # 2.0 GB after its first start, 0.4 GB when opened again from the entry just written and
-    # the freed memory handed back (0.7 s more start-up, once).
-    del graph
-    fresh = _reopened(entry, options())
-    if fresh is None:
-        return session
-    del session
-    _release_freed_memory()
-    return fresh
+    _publish(staging, entry)
+    return session
 
 
 def _from_cache(entry: Path, options: ort.SessionOptions) -> ort.InferenceSession:
@@ -127,10 +133,8 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _staging_dir(entry: Path | None) -> Path | None:
-    """A fresh dir beside `entry` for ONNX Runtime to write into; None without a usable cache."""
-    if entry is None:
-        return None
+def _staging_dir(entry: Path) -> Path | None:
+    """A fresh dir beside `entry` for ONNX Runtime to write into; None if it cannot be made."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(dir=entry.parent, prefix=".writing-"))
