@@ -96,6 +96,7 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         max_prefill_tokens=settings.max_prefill_tokens,
         cache_dir=_engine_cache_dir(settings.engine_cache_dir),
         fused_attention=settings.engine_fused_attention,
+        prefix_cache_mb=settings.engine_prefix_cache_mb,
     )
     return await to_thread.run_sync(load_engines, settings.models, config)
 

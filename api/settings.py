@@ -34,6 +34,9 @@ class ApiSettings(BillingSettings):
     # Serve attention as ONNX Runtime's GroupQueryAttention over one preallocated KV buffer where
     # the graph allows (api/engine/fused_attention.py); false serves every graph as exported.
     engine_fused_attention: bool = True
+    # MB per model of finished conversations' keys/values, so a chat's next turn prefills only
+    # its new tokens (api/engine/prefix_cache.py); 0 keeps none.
+    engine_prefix_cache_mb: int = Field(default=256, ge=0)
 
     @field_validator("model_prices")
     @classmethod

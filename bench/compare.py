@@ -19,7 +19,9 @@ machine's read bandwidth, and then measures every engine x precision:
 
 Figures: one-stream decode tokens/s (tokens 2..N over the time since token 1); aggregate
 tokens/s for 4, 8, 16 concurrent streams (all tokens over the wall time); time to first token for
-a 512-token prompt, idle and while 8 streams decode; the peak RSS of the serving process; and
+a 512-token prompt, idle and while 8 streams decode, and (ours over HTTP) for the next turn of a
+conversation that began with it; every other HTTP prompt is unique, so none starts from the
+server's prefix cache (the run fails if one does); the peak RSS of the serving process; and
 the floor, bandwidth / weight bytes read per token (every initializer a node reads, an embedding
 one row). Each figure is the median over `--rounds` rounds, and the peers are interleaved within
 each round, because this shared 2-core machine drifts by tens of percent over minutes: only
@@ -80,6 +82,7 @@ GENAI_PACKAGES = (
 BUSY_STREAMS = 8
 GENAI_VERSIONS: list[str] = []
 KEYS = 3  # the API allows 8 concurrent requests per key; 16 streams + a probe need 3
+NONCE = "{:06d}"  # a request number, digit by digit: a fixed count of tokens
 FILLER = (  # words for the HTTP prompts, fitted to a token count by `fit_text`
     "the quick brown fox jumps over a lazy dog while seven tired cats watch from the old red "
     "barn near river bank under grey autumn sky and children sing songs about distant hills"
@@ -362,6 +365,12 @@ class HttpClient:
         self._next += 1
         return self.keys[self._next % len(self.keys)]
 
+    def _unique(self, text: str) -> str:
+        """`text` behind a request number, least significant digit first: no two requests share
+        more than the template's first tokens, so none starts from another's cached prefix (the
+        server keeps each account's finished conversations) and every prompt is prefilled."""
+        return f"{NONCE.format(self._next)[::-1]} {text}"
+
     async def stream(
         self, client: httpx.AsyncClient, text: str, max_tokens: int, started: asyncio.Event | None
     ) -> tuple[float, float, float, int]:
@@ -369,15 +378,15 @@ class HttpClient:
 
         The server sends its first event once the first token exists, so that event's arrival
         is the time to first token; the event with `finish_reason` comes with the last token."""
+        headers = {"Authorization": f"Bearer {self._key()}"}  # numbers the request too
         body = {
             "model": self.server.model,
-            "messages": [{"role": "user", "content": text}],
+            "messages": [{"role": "user", "content": self._unique(text)}],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": max_tokens,
             "temperature": 0,
         }
-        headers = {"Authorization": f"Bearer {self._key()}"}
         submitted = time.perf_counter()
         first = last = 0.0
         tokens = 0
@@ -397,6 +406,8 @@ class HttpClient:
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
+                    if chunk["usage"]["prompt_tokens_details"]["cached_tokens"]:
+                        raise RuntimeError("a prompt started from the prefix cache: not a cold one")
                 elif chunk["choices"] and chunk["choices"][0].get("finish_reason"):
                     last = now
         return submitted, first, last or first, tokens
@@ -414,6 +425,30 @@ class HttpClient:
             "agg": sum(k for *_, k in results) / wall,
             "ttft": float(np.mean([first - sub for sub, first, _, _ in results])),
         }
+
+    async def next_turn(self) -> dict[str, float]:
+        """Time to first token of a conversation's second turn: the long prompt, its reply,
+        then a short message, from one account (whose finished turn the server kept)."""
+        headers = {"Authorization": f"Bearer {self._key()}"}
+        url = self.server.base + "/v1/chat/completions"
+        turn = {"model": self.server.model, "max_tokens": PLAN.tokens, "temperature": 0}
+        messages = [{"role": "user", "content": self._unique(self.long_text)}]
+        async with httpx.AsyncClient(timeout=None) as c:
+            reply = await c.post(url, headers=headers, json={**turn, "messages": messages})
+            reply.raise_for_status()
+            messages.append(reply.json()["choices"][0]["message"])
+            messages.append({"role": "user", "content": self.short_text})
+            body = {**turn, "messages": messages, "max_tokens": 1, "stream": True}
+            body["stream_options"] = {"include_usage": True}
+            submitted, first, cached = time.perf_counter(), 0.0, 0
+            async with c.stream("POST", url, json=body, headers=headers) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        first = first or time.perf_counter()
+                        if usage := json.loads(line[6:]).get("usage"):
+                            cached = usage["prompt_tokens_details"]["cached_tokens"]
+        return {"ttft": first - submitted, "cached": cached}
 
     async def ttft(self, running: int) -> float:
         """Time to first token of the long prompt, idle or joining `running` decoding streams."""
@@ -474,7 +509,8 @@ def fit_text(export: Path, target: int) -> tuple[str, int]:
     words = [vocabulary[i] for i in rng.integers(0, len(vocabulary), size=target * 2)]
 
     def length(k: int) -> int:
-        return len(tokenizer.encode(template.render([ChatMessage("user", " ".join(words[:k]))])))
+        text = NONCE.format(0) + " " + " ".join(words[:k])  # as `HttpClient._unique` sends it
+        return len(tokenizer.encode(template.render([ChatMessage("user", text)])))
 
     low, high = 1, len(words)
     while low < high:
@@ -560,6 +596,8 @@ def _http_measure(client: HttpClient) -> Callable[[str, int], dict[str, float] |
     def measure(kind: str, value: int) -> dict[str, float] | None:
         if kind == "streams":
             return asyncio.run(client.streams(value, PLAN.tokens))
+        if kind == "turn":
+            return asyncio.run(client.next_turn())
         return {"ttft": asyncio.run(client.ttft(value))}
 
     return measure
@@ -614,7 +652,7 @@ def measure_rounds(peers: list[Peer], rounds: int, budget_s: float, bandwidths: 
     A round is not started when the rounds so far say it would end after `budget_s`: on a
     loaded machine fewer rounds beat no table. Returns the rounds completed."""
     kinds = [("streams", 1), *(("streams", s) for s in PLAN.streams), ("ttft", 0)]
-    kinds.append(("ttft", BUSY_STREAMS))
+    kinds += [("ttft", BUSY_STREAMS), ("turn", 0)]  # a next turn: ours over HTTP only
     tokens, PLAN.tokens = PLAN.tokens, 4
     for peer in peers:  # warm-up: first-run allocations (a long prompt's are left to the median)
         peer.measure("streams", 1)
@@ -627,6 +665,8 @@ def measure_rounds(peers: list[Peer], rounds: int, budget_s: float, bandwidths: 
             return r
         for kind, value in kinds:
             for peer in rotated(peers, r):
+                if kind == "turn" and peer.engine != "http":
+                    continue
                 started = time.perf_counter()
                 try:
                     result = peer.measure(kind, value)
@@ -641,6 +681,9 @@ def measure_rounds(peers: list[Peer], rounds: int, budget_s: float, bandwidths: 
                         peer.record("agg1", result["agg"])
                     else:
                         peer.record(f"agg{value}", result["agg"])
+                elif kind == "turn":
+                    peer.record("ttft_turn", result["ttft"])
+                    peer.record("turn_cached", result["cached"])
                 else:
                     peer.record("ttft_busy" if value else "ttft", result["ttft"])
                 say(
@@ -667,6 +710,7 @@ def table(peers: list[Peer], bandwidth: float) -> str:
     head += [
         f"TTFT {PLAN.ttft_prompt} idle s",
         f"TTFT {PLAN.ttft_prompt}, {BUSY_STREAMS} running s",
+        f"TTFT {PLAN.ttft_prompt}, next turn s",
         "peak RSS MB",
     ]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
@@ -678,6 +722,7 @@ def table(peers: list[Peer], bandwidth: float) -> str:
         row += [fmt(one), fmt(one / floor, 2)]
         row += [fmt(peer.median(f"agg{s}")) for s in streams]
         row += [fmt(peer.median("ttft"), 3), fmt(peer.median("ttft_busy"), 3)]
+        row.append(fmt(peer.median("ttft_turn"), 3))
         row.append(fmt(peak_rss_mb(peer.pid), 0))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

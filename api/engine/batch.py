@@ -24,6 +24,7 @@ import numpy as np
 if TYPE_CHECKING:
     from api.engine.model import OnnxCausalLM
     from api.engine.prefill import Grouping, Prefill, PrefillCall
+    from api.engine.prefix_cache import PrefixHit
     from api.engine.sequence import Sequence
 
 
@@ -128,6 +129,19 @@ class PaddedBatch:
 
     def discard(self, item: Prefill) -> None:
         item.cache = None
+
+    def seed(self, item: Prefill, hit: PrefixHit) -> None:
+        """Start `item`'s prompt from cached keys/values of its first `hit.tokens` positions."""
+        past = [np.ascontiguousarray(kv[None]) for kv in hit.kv]
+        item.cache = KVCache.from_prefill(past, hit.tokens)
+        item.done = hit.tokens
+
+    def kv_of(self, seq: Sequence) -> list[np.ndarray]:
+        """Views of the keys/values `seq` has computed, [kv_heads, positions, head_dim] each."""
+        assert self._cache is not None
+        row = self.seqs.index(seq)
+        start = self._cache.width - int(self._cache.lengths[row])
+        return [array[row, :, start:, :] for array in self._cache.past]
 
     def decode(self) -> np.ndarray:
         """One token for every sequence, in one graph call when the graph allows."""

@@ -23,6 +23,7 @@ import onnxruntime as ort
 from api.engine.fused_attention import SEQLENS, TOTAL
 from api.engine.model import OnnxCausalLM
 from api.engine.prefill import Grouping, Prefill, PrefillCall
+from api.engine.prefix_cache import PrefixHit
 from api.engine.sequence import Sequence
 
 INITIAL_CAPACITY = 256
@@ -55,6 +56,19 @@ class SlotBatch:
         self._lengths[row] = end
         item.done = end
         return logits
+
+    def seed(self, item: Prefill, hit: PrefixHit) -> None:
+        """Start `item`'s prompt from cached keys/values of its first `hit.tokens` positions."""
+        row = self._free_row(item.seq)
+        self._reserve(hit.tokens)
+        for buffer, kv in zip(self._buffers, hit.kv, strict=True):
+            buffer[row, :, : hit.tokens] = kv
+        self._lengths[row] = item.done = hit.tokens
+
+    def kv_of(self, seq: Sequence) -> list[np.ndarray]:
+        """Views of the keys/values `seq` has computed, [kv_heads, positions, head_dim] each."""
+        row = self._row_of(seq)
+        return [buffer[row, :, : self._lengths[row]] for buffer in self._buffers]
 
     def join(self, items: list[Prefill]) -> None:
         """Completed prompts start decoding: their rows move to the end of the decoding block."""

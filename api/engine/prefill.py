@@ -6,7 +6,8 @@ and a decode step cannot run while it does. So every iteration spends at most
 prompt is prefilled a chunk per iteration (its KV cache carried between chunks), and running
 streams get a token after each chunk. Short prompts that fit the budget whole are prefilled
 together in one call, left-padded to the longest of their group. Requests are served in arrival
-order, so only the first pending prompt is ever part-way through.
+order. A prompt is part-way through when it is the one being chunked, or when it started from a
+cached prefix (`prefix_cache.py`); either is prefilled on its own, from where it is.
 """
 
 from __future__ import annotations

@@ -44,6 +44,9 @@ class GenerationRequest:
     request_id: str
     prompt_token_ids: Sequence[int]
     params: SamplingParams
+    # Requests of one scope may start from each other's computed prompts (`prefix_cache.py`);
+    # None: this request neither uses nor leaves any.
+    cache_scope: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class GenerationOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not prefilled
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class EngineConfig:
     # ONNX Runtime's optimized graphs, kept so a restart skips optimizing (None: not kept)
     cache_dir: Path | None = field(default_factory=default_cache_dir)
     fused_attention: bool = True  # GroupQueryAttention over a shared KV buffer, where it applies
+    prefix_cache_mb: int = 256  # finished conversations' keys/values, per model (0: none)
 
     @property
     def limits(self) -> SchedulerLimits:
@@ -38,6 +39,7 @@ class EngineConfig:
             max_active_sequences=self.max_active_sequences,
             max_queued=self.max_queued,
             max_prefill_tokens=self.max_prefill_tokens,
+            prefix_cache_bytes=self.prefix_cache_mb << 20,
         )
 
 

@@ -1,11 +1,12 @@
 """The batching loop: one thread per model owns the batch (TGI's `batching_task`, vLLM's core).
 
-Each iteration: take aborts and newly queued requests under a lock; drop aborted sequences; spend
+Each iteration: take aborts and newly queued requests under a lock; start each new prompt from the
+longest computed prefix its scope left behind (`prefix_cache.py`); drop aborted sequences; spend
 at most `max_prefill_tokens` prompt tokens on prefill (`prefill.py`: short prompts whole and
 batched, a long one in chunks over several iterations), sampling a request's first token when its
 prompt is complete and joining its cache to the batch; run ONE batched decode call that adds a
 token to every active sequence; sample all rows at once; hand each request its delta; filter out
-finished sequences. ONNX Runtime releases the
+finished sequences, keeping their keys/values for a next turn. ONNX Runtime releases the
 GIL while it runs, so the asyncio loop stays responsive; results cross to it with
 `loop.call_soon_threadsafe`, once per loop per step, so the event loop never waits on this thread.
 """
@@ -24,6 +25,7 @@ from api.engine.errors import EngineDead, EngineOverloaded
 from api.engine.kv_slots import SlotBatch
 from api.engine.model import OnnxCausalLM
 from api.engine.prefill import Prefill, plan_prefill
+from api.engine.prefix_cache import PrefixCache
 from api.engine.protocol import GenerationOutput
 from api.engine.sampling import sample
 from api.engine.sequence import Sequence
@@ -42,6 +44,8 @@ class SchedulerLimits:
     # Prompt tokens prefilled per iteration (a longer prompt is prefilled in chunks of this size),
     # so a long prompt delays each token of the running streams by a bounded amount.
     max_prefill_tokens: int = 256
+    # Keys/values of finished sequences kept for prompts that start the same way; 0: none.
+    prefix_cache_bytes: int = 256 << 20
 
 
 class Scheduler:
@@ -62,6 +66,8 @@ class Scheduler:
             if model.spec.shared_kv
             else PaddedBatch(model)
         )
+        cache_bytes = limits.prefix_cache_bytes
+        self._prefixes = PrefixCache(cache_bytes) if cache_bytes else None
         self.error: BaseException | None = None
         self.steps = 0
         self.last_batch_size = 0
@@ -166,7 +172,10 @@ class Scheduler:
                     self._prefilling.remove(item)
                     self._batch.discard(item)
                     deliveries.append((item.seq, END))
-            self._prefilling.extend(Prefill(seq) for seq in self._admit())
+            admitted = [Prefill(seq) for seq in self._admit()]
+            self._prefilling.extend(admitted)
+        for item in admitted:
+            self._reuse_prefix(item)
         for seq in self._batch.seqs:
             if seq.request_id in aborted:
                 seq.aborted = True
@@ -187,6 +196,26 @@ class Scheduler:
         """Pop queued requests while there is room in the batch (caller holds the lock)."""
         room = self.limits.max_active_sequences - len(self._batch.seqs) - len(self._prefilling)
         return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+
+    def _reuse_prefix(self, item: Prefill) -> None:
+        """Start a new prompt from the longest computed prefix its scope has left, if any."""
+        scope = item.seq.request.cache_scope
+        if self._prefixes is None or scope is None:
+            return
+        hit = self._prefixes.lookup(scope, item.seq.request.prompt_token_ids)
+        if hit is not None:
+            self._batch.seed(item, hit)
+            item.seq.cached_tokens = hit.tokens
+
+    def _keep_prefixes(self) -> None:
+        """Store what each leaving sequence computed, for a next turn of its conversation."""
+        if self._prefixes is None:
+            return
+        for seq in self._batch.seqs:
+            scope = seq.request.cache_scope
+            if (seq.finished or seq.aborted) and scope is not None:
+                kv = self._batch.kv_of(seq)
+                self._prefixes.store(scope, seq.fed_ids(kv[0].shape[1]), kv)
 
     def _run_prefills(self) -> list[tuple[Sequence, Delivery]]:
         """This iteration's prefill calls; completed prompts get their first token and join."""
@@ -220,6 +249,7 @@ class Scheduler:
         return [(s, s.append(c)) for s, c in zip(self._batch.seqs, choices, strict=True)]
 
     def _filter(self) -> None:
+        self._keep_prefixes()  # outside the lock: copying may take a few ms
         with self._cond:
             self._batch.drop_finished()
 

@@ -36,6 +36,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
     aborted: bool = False
+    cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
     _detok: IncrementalDetokenizer = field(init=False)
     _stops: StopStringMatcher = field(init=False)
 
@@ -55,6 +56,12 @@ class Sequence:
     @property
     def last_token(self) -> int:
         return self.output_ids[-1]
+
+    def fed_ids(self, count: int) -> list[int]:
+        """The first `count` tokens the graph has seen: the prompt, then generated tokens."""
+        ids = [*self.request.prompt_token_ids, *self.output_ids[:-1]]
+        assert count <= len(ids), "the cache holds more positions than tokens were fed"
+        return ids[:count]
 
     def append(self, choice: TokenChoice) -> GenerationOutput:
         """Take one generated token; return this step's delta (possibly with empty text)."""
@@ -84,6 +91,7 @@ class Sequence:
             finished=self.finished,
             finish_reason=reason,
             logprobs=self._logprobs(choice) if self.request.params.logprobs else None,
+            cached_tokens=self.cached_tokens,
         )
 
     def _logprobs(self, choice: TokenChoice) -> list[TokenLogprob]:

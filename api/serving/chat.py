@@ -45,6 +45,7 @@ from api.protocol import (
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
+    PromptTokensDetails,
     TokenLogprob,
     TopLogprob,
     Usage,
@@ -67,6 +68,7 @@ class Tally:
     prompt_tokens: int
     price: float
     completion: dict[int, int] = field(default_factory=dict)
+    cached_tokens: int = 0  # of the prompt, read from the engine's prefix cache (billed alike)
     first_token_at: float | None = None
 
     @property
@@ -82,6 +84,7 @@ class Tally:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=completion,
             total_tokens=self.prompt_tokens + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
         )
 
 
@@ -175,6 +178,7 @@ class ChatService:
                     request_id=f"{chat_id}-{index}",
                     prompt_token_ids=prompt_ids,
                     params=requests.sampling_params(request, max_tokens=affordable, choice=index),
+                    cache_scope=f"account-{account_id}",  # never another customer's prefixes
                 )
                 for index in range(n)
             ],
@@ -362,6 +366,7 @@ class ChatService:
                 tally.first_token_at - prepared.accepted_at
             )
         tally.completion[index] = output.completion_tokens
+        tally.cached_tokens = max(tally.cached_tokens, output.cached_tokens)
 
     async def _maybe_checkpoint(self, prepared: PreparedChat) -> None:
         now = time.monotonic()

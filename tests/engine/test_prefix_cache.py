@@ -1,0 +1,127 @@
+"""A chat's next turn starts from the keys/values its previous turn computed."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from api.engine.prefix_cache import MIN_PREFIX, PrefixCache
+from api.engine.protocol import GenerationRequest
+from tests.engine.conftest import collect, greedy, make_engine
+
+pytestmark = pytest.mark.anyio
+
+FIRST_PROMPT = [(7 * i + 3) % 500 + 10 for i in range(40)]
+FOLLOW_UP = [11, 402, 93, 7, 250, 36, 18, 300]
+
+
+def scoped(request: GenerationRequest, scope: str | None) -> GenerationRequest:
+    return dataclasses.replace(request, cache_scope=scope)
+
+
+async def ids_and_cached(engine, request: GenerationRequest) -> tuple[list[int], int]:
+    outputs = await collect(engine, request)
+    return [t for o in outputs for t in o.token_ids], outputs[0].cached_tokens
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-attention", "as-exported"])
+async def test_the_second_turn_prefills_only_its_new_tokens_and_answers_the_same(
+    tiny_exports, fused: bool
+) -> None:
+    path = tiny_exports["llama"].path
+    engine = make_engine(path, fused_attention=fused)
+    fresh = make_engine(path, fused_attention=fused, prefix_cache_bytes=0)
+    await engine.start()
+    await fresh.start()
+    try:
+        reply, cached = await ids_and_cached(engine, scoped(greedy("t1", FIRST_PROMPT, 10), "a"))
+        assert cached == 0
+        second_prompt = [*FIRST_PROMPT, *reply, *FOLLOW_UP]
+
+        answer, cached = await ids_and_cached(engine, scoped(greedy("t2", second_prompt, 12), "a"))
+        expected, _ = await ids_and_cached(fresh, scoped(greedy("t2", second_prompt, 12), "a"))
+    finally:
+        await engine.shutdown()
+        await fresh.shutdown()
+
+    # Every position turn 1 fed the graph: its prompt and all but its last reply token.
+    assert cached == len(FIRST_PROMPT) + len(reply) - 1
+    assert answer == expected
+
+
+async def test_a_prefix_is_never_shared_across_scopes_nor_kept_without_one(tiny_exports) -> None:
+    engine = make_engine(tiny_exports["llama"].path)
+    await engine.start()
+    try:
+        await collect(engine, scoped(greedy("alice-1", FIRST_PROMPT, 6), "alice"))
+        prompt = [*FIRST_PROMPT, *FOLLOW_UP]
+        _, bob = await ids_and_cached(engine, scoped(greedy("bob", prompt, 4), "bob"))
+        _, anonymous = await ids_and_cached(engine, scoped(greedy("anon", prompt, 4), None))
+        _, alice = await ids_and_cached(engine, scoped(greedy("alice-2", prompt, 4), "alice"))
+    finally:
+        await engine.shutdown()
+
+    assert (bob, anonymous) == (0, 0)
+    assert alice == len(FIRST_PROMPT)
+
+
+async def test_concurrent_conversations_each_resume_their_own_cache(tiny_exports) -> None:
+    """Two conversations decode side by side; each next turn finds its own prefix."""
+    path = tiny_exports["qwen2"].path
+    engine = make_engine(path)
+    fresh = make_engine(path, prefix_cache_bytes=0)
+    await engine.start()
+    await fresh.start()
+    prompts = {"x": FIRST_PROMPT, "y": [p + 1 for p in FIRST_PROMPT]}
+    try:
+        firsts = await asyncio.gather(
+            *(ids_and_cached(engine, scoped(greedy(k, p, 8), "a")) for k, p in prompts.items())
+        )
+        seconds = {k: [*p, *firsts[i][0], *FOLLOW_UP] for i, (k, p) in enumerate(prompts.items())}
+        answers = await asyncio.gather(
+            *(ids_and_cached(engine, scoped(greedy(k, p, 8), "a")) for k, p in seconds.items())
+        )
+        expected = [(await ids_and_cached(fresh, greedy(k, p, 8)))[0] for k, p in seconds.items()]
+    finally:
+        await engine.shutdown()
+        await fresh.shutdown()
+
+    assert [a for a, _ in answers] == expected
+    assert [c for _, c in answers] == [len(FIRST_PROMPT) + len(f) - 1 for f, _ in firsts]
+
+
+def kv(tokens: int, fill: float = 1.0) -> list[np.ndarray]:
+    return [np.full((2, tokens, 4), fill, np.float32) for _ in range(2)]  # 64 bytes a token
+
+
+def test_the_store_forgets_the_least_recently_used_conversation_first() -> None:
+    cache = PrefixCache(max_bytes=64 * 100)
+    a, b, c = ([n] * 40 for n in (1, 2, 3))
+    cache.store("s", a, kv(40))
+    cache.store("s", b, kv(40))
+    assert cache.lookup("s", [*a, 9]) is not None  # a is now the most recently used
+    cache.store("s", c, kv(40))  # 120 tokens do not fit 100: b goes
+
+    assert cache.lookup("s", [*b, 9]) is None
+    assert cache.lookup("s", [*a, 9]) is not None
+    assert cache.lookup("s", [*c, 9]) is not None
+    assert cache.nbytes == 64 * 80
+
+
+def test_a_longer_turn_replaces_the_entry_it_extends_and_a_match_leaves_a_token_to_prefill() -> (
+    None
+):
+    cache = PrefixCache(max_bytes=1 << 20)
+    turn1 = list(range(100, 130))
+    turn2 = [*turn1, *range(200, 220)]
+    cache.store("s", turn1, kv(len(turn1), 1.0))
+    cache.store("s", turn2, kv(len(turn2), 2.0))
+    assert len(cache) == 1
+
+    hit = cache.lookup("s", turn2)  # the whole prompt is stored: its last token is not taken
+    assert hit is not None and hit.tokens == len(turn2) - 1
+    assert hit.kv[0].shape == (2, len(turn2) - 1, 4) and float(hit.kv[0].max()) == 2.0
+    assert cache.lookup("s", [*turn1[: MIN_PREFIX - 1], 999, 999]) is None  # too short a match
