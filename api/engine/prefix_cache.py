@@ -29,11 +29,9 @@ MIN_PREFIX = 16
 class _Entry:
     scope: str
     tokens: np.ndarray  # int64 [n]
-    kv: tuple[np.ndarray, ...]  # one [kv_heads, n, head_dim] array per graph past input
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.kv)
+    # [past inputs, kv_heads, n, head_dim]: one allocation, which the allocator hands back to
+    # the OS when the entry goes (one small array per layer fragmented the heap instead).
+    kv: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ class PrefixCache:
             return None
         self._entries.move_to_end(best)
         entry = self._entries[best]
-        return PrefixHit(best_len, [a[:, :best_len] for a in entry.kv])
+        return PrefixHit(best_len, list(entry.kv[:, :, :best_len]))
 
     def store(self, scope: str, tokens: Sequence[int], kv: Sequence[np.ndarray]) -> None:
         """Keep a copy of `kv` (positions of `tokens`), unless an entry already covers it;
@@ -87,7 +85,7 @@ class PrefixCache:
                 self._remove(key)
         while self._entries and self.nbytes + size > self.max_bytes:
             self._remove(next(iter(self._entries)))
-        self._entries[self._next_id] = _Entry(scope, ids, tuple(np.array(a) for a in kv))
+        self._entries[self._next_id] = _Entry(scope, ids, np.stack(kv))
         self._next_id += 1
         self.nbytes += size
 
@@ -95,7 +93,7 @@ class PrefixCache:
         return len(self._entries)
 
     def _remove(self, key: int) -> None:
-        self.nbytes -= self._entries.pop(key).nbytes
+        self.nbytes -= self._entries.pop(key).kv.nbytes
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
