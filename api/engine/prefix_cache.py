@@ -29,9 +29,7 @@ MIN_PREFIX = 16
 class _Entry:
     scope: str
     tokens: np.ndarray  # int64 [n]
-    # [past inputs, kv_heads, n, head_dim]: one allocation, which the allocator hands back to
-    # the OS when the entry goes (one small array per layer fragmented the heap instead).
-    kv: np.ndarray
+    kv: np.ndarray  # [past inputs, kv_heads, n, head_dim], every layer's in one array
 
 
 @dataclass(frozen=True)
