@@ -136,6 +136,11 @@ class PaddedBatch:
         item.cache = KVCache.from_prefill(past, hit.tokens)
         item.done = hit.tokens
 
+    def prefilled_kv(self, item: Prefill) -> list[np.ndarray]:
+        """Keys/values of a prompt just completed, before it joins or is discarded."""
+        assert item.cache is not None
+        return [array[0] for array in item.cache.past]  # one row, no padding
+
     def kv_of(self, seq: Sequence) -> list[np.ndarray]:
         """Views of the keys/values `seq` has computed, [kv_heads, positions, head_dim] each."""
         assert self._cache is not None

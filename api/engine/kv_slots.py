@@ -70,6 +70,10 @@ class SlotBatch:
         row = self._row_of(seq)
         return [buffer[row, :, : self._lengths[row]] for buffer in self._buffers]
 
+    def prefilled_kv(self, item: Prefill) -> list[np.ndarray]:
+        """The same for a prompt just completed, before it joins or is discarded."""
+        return self.kv_of(item.seq)
+
     def join(self, items: list[Prefill]) -> None:
         """Completed prompts start decoding: their rows move to the end of the decoding block."""
         for item in items:

@@ -2,10 +2,12 @@
 
 A chat client sends the whole conversation every turn, so turn k's prompt starts with turn k-1's
 prompt and reply. On a CPU, prefill is the cost a user waits for (a 512-token prompt is 1-3 s
-on 2 cores), so each sequence that leaves the batch stores the keys/values of every position it
-computed, and a new prompt starts from the longest stored prefix it shares (llama.cpp's prompt
-cache and vLLM's automatic prefix caching do the same; this one matches whole token prefixes,
-not blocks). Only the tokens after the match are prefilled.
+on 2 cores), so each prompt stores its keys/values once it is complete (requests that arrive
+meanwhile may share its system prompt), each sequence that leaves the batch stores those of every
+position it computed (replacing its prompt's entry), and a new prompt starts from the longest
+stored prefix it shares (llama.cpp's prompt cache and vLLM's automatic prefix caching do the
+same; this one matches whole token prefixes, not blocks). Only the tokens after the match are
+prefilled.
 
 Entries are kept per scope (the API uses the account): a prefix found in another account's
 conversation would make time to first token tell one customer what another one sent. The store

@@ -208,7 +208,8 @@ class Scheduler:
             item.seq.cached_tokens = hit.tokens
 
     def _keep_prefixes(self) -> None:
-        """Store what each leaving sequence computed, for a next turn of its conversation."""
+        """Store what each leaving sequence computed, for a next turn of its conversation
+        (it covers, and so replaces, the entry its prompt left)."""
         if self._prefixes is None:
             return
         for seq in self._batch.seqs:
@@ -216,6 +217,17 @@ class Scheduler:
             if (seq.finished or seq.aborted) and scope is not None:
                 kv = self._batch.kv_of(seq)
                 self._prefixes.store(scope, seq.fed_ids(kv[0].shape[1]), kv)
+
+    def _keep_prompts(self, items: list[Prefill]) -> None:
+        """Store prompts as soon as they are complete: requests that arrive while these decode
+        (an app's shared system prompt, say) need not wait for them to finish."""
+        if self._prefixes is None:
+            return
+        for item in items:
+            scope = item.seq.request.cache_scope
+            if scope is not None:
+                prompt = item.seq.request.prompt_token_ids
+                self._prefixes.store(scope, prompt, self._batch.prefilled_kv(item))
 
     def _run_prefills(self) -> list[tuple[Sequence, Delivery]]:
         """This iteration's prefill calls; completed prompts get their first token and join."""
@@ -231,6 +243,7 @@ class Scheduler:
             group = [p.seq for p in call.group]
             choices = sample(logits, [s.sampler for s in group])
             deliveries.extend((s, s.append(c)) for s, c in zip(group, choices, strict=True))
+            self._keep_prompts(call.group)
             with self._cond:
                 for item in call.group:
                     self._prefilling.remove(item)

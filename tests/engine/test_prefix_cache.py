@@ -93,6 +93,33 @@ async def test_concurrent_conversations_each_resume_their_own_cache(tiny_exports
     assert [c for _, c in answers] == [len(FIRST_PROMPT) + len(f) - 1 for f, _ in firsts]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-attention", "as-exported"])
+async def test_a_request_arriving_while_another_decodes_starts_from_its_prompt(
+    tiny_exports, fused: bool
+) -> None:
+    """An app sends every end user's message behind one system prompt, from one account."""
+    path = tiny_exports["llama"].path
+    engine = make_engine(path, fused_attention=fused)
+    fresh = make_engine(path, fused_attention=fused, prefix_cache_bytes=0)
+    await engine.start()
+    await fresh.start()
+    system = FIRST_PROMPT
+    try:
+        first = engine.generate(scoped(greedy("user-1", [*system, 5, 6, 7], 40), "app"))
+        await anext(first)  # its prompt is complete; it keeps decoding meanwhile
+        second, cached = await ids_and_cached(
+            engine, scoped(greedy("user-2", [*system, 8, 9], 6), "app")
+        )
+        await first.aclose()
+        expected, _ = await ids_and_cached(fresh, greedy("user-2", [*system, 8, 9], 6))
+    finally:
+        await engine.shutdown()
+        await fresh.shutdown()
+
+    assert cached == len(system)
+    assert second == expected
+
+
 def kv(tokens: int, fill: float = 1.0) -> list[np.ndarray]:
     return [np.full((2, tokens, 4), fill, np.float32) for _ in range(2)]  # 64 bytes a token
 
