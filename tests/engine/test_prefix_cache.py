@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +25,20 @@ def scoped(request: GenerationRequest, scope: str | None) -> GenerationRequest:
     return dataclasses.replace(request, cache_scope=scope)
 
 
+@contextlib.asynccontextmanager
+async def cached_and_fresh(path: Path, *, fused: bool = True) -> AsyncIterator[tuple]:
+    """Two started engines of one export: with the prefix cache, and without any."""
+    engine = make_engine(path, fused_attention=fused)
+    fresh = make_engine(path, fused_attention=fused, prefix_cache_bytes=0)
+    await engine.start()
+    await fresh.start()
+    try:
+        yield engine, fresh
+    finally:
+        await engine.shutdown()
+        await fresh.shutdown()
+
+
 async def ids_and_cached(engine, request: GenerationRequest) -> tuple[list[int], int]:
     outputs = await collect(engine, request)
     return [t for o in outputs for t in o.token_ids], outputs[0].cached_tokens
@@ -31,21 +48,13 @@ async def ids_and_cached(engine, request: GenerationRequest) -> tuple[list[int],
 async def test_the_second_turn_prefills_only_its_new_tokens_and_answers_the_same(
     tiny_exports, fused: bool
 ) -> None:
-    path = tiny_exports["llama"].path
-    engine = make_engine(path, fused_attention=fused)
-    fresh = make_engine(path, fused_attention=fused, prefix_cache_bytes=0)
-    await engine.start()
-    await fresh.start()
-    try:
+    async with cached_and_fresh(tiny_exports["llama"].path, fused=fused) as (engine, fresh):
         reply, cached = await ids_and_cached(engine, scoped(greedy("t1", FIRST_PROMPT, 10), "a"))
         assert cached == 0
         second_prompt = [*FIRST_PROMPT, *reply, *FOLLOW_UP]
 
         answer, cached = await ids_and_cached(engine, scoped(greedy("t2", second_prompt, 12), "a"))
         expected, _ = await ids_and_cached(fresh, scoped(greedy("t2", second_prompt, 12), "a"))
-    finally:
-        await engine.shutdown()
-        await fresh.shutdown()
 
     # Every position turn 1 fed the graph: its prompt and all but its last reply token.
     assert cached == len(FIRST_PROMPT) + len(reply) - 1
@@ -70,13 +79,8 @@ async def test_a_prefix_is_never_shared_across_scopes_nor_kept_without_one(tiny_
 
 async def test_concurrent_conversations_each_resume_their_own_cache(tiny_exports) -> None:
     """Two conversations decode side by side; each next turn finds its own prefix."""
-    path = tiny_exports["qwen2"].path
-    engine = make_engine(path)
-    fresh = make_engine(path, prefix_cache_bytes=0)
-    await engine.start()
-    await fresh.start()
     prompts = {"x": FIRST_PROMPT, "y": [p + 1 for p in FIRST_PROMPT]}
-    try:
+    async with cached_and_fresh(tiny_exports["qwen2"].path) as (engine, fresh):
         firsts = await asyncio.gather(
             *(ids_and_cached(engine, scoped(greedy(k, p, 8), "a")) for k, p in prompts.items())
         )
@@ -85,9 +89,6 @@ async def test_concurrent_conversations_each_resume_their_own_cache(tiny_exports
             *(ids_and_cached(engine, scoped(greedy(k, p, 8), "a")) for k, p in seconds.items())
         )
         expected = [(await ids_and_cached(fresh, greedy(k, p, 8)))[0] for k, p in seconds.items()]
-    finally:
-        await engine.shutdown()
-        await fresh.shutdown()
 
     assert [a for a, _ in answers] == expected
     assert [c for _, c in answers] == [len(FIRST_PROMPT) + len(f) - 1 for f, _ in firsts]
@@ -98,13 +99,8 @@ async def test_a_request_arriving_while_another_decodes_starts_from_its_prompt(
     tiny_exports, fused: bool
 ) -> None:
     """An app sends every end user's message behind one system prompt, from one account."""
-    path = tiny_exports["llama"].path
-    engine = make_engine(path, fused_attention=fused)
-    fresh = make_engine(path, fused_attention=fused, prefix_cache_bytes=0)
-    await engine.start()
-    await fresh.start()
     system = FIRST_PROMPT
-    try:
+    async with cached_and_fresh(tiny_exports["llama"].path, fused=fused) as (engine, fresh):
         first = engine.generate(scoped(greedy("user-1", [*system, 5, 6, 7], 40), "app"))
         await anext(first)  # its prompt is complete; it keeps decoding meanwhile
         second, cached = await ids_and_cached(
@@ -112,9 +108,6 @@ async def test_a_request_arriving_while_another_decodes_starts_from_its_prompt(
         )
         await first.aclose()
         expected, _ = await ids_and_cached(fresh, greedy("user-2", [*system, 8, 9], 6))
-    finally:
-        await engine.shutdown()
-        await fresh.shutdown()
 
     assert cached == len(system)
     assert second == expected
