@@ -368,7 +368,8 @@ class HttpClient:
     def _unique(self, text: str) -> str:
         """`text` behind a request number, least significant digit first: no two requests share
         more than the template's first tokens, so none starts from another's cached prefix (the
-        server keeps each account's finished conversations) and every prompt is prefilled."""
+        server keeps each account's prompts and finished conversations) and every prompt is
+        prefilled."""
         return f"{NONCE.format(self._next)[::-1]} {text}"
 
     async def stream(
