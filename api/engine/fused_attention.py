@@ -16,7 +16,8 @@ different lengths share the buffer right-padded, with no mask.
 What is replaced per layer, found by walking the graph rather than by node names:
 `Concat(past, new)` -> `present` for key and value, the repeat of the KV heads, the scaled
 `MatMul`, the mask, `Softmax` and the `MatMul` with the values, down to the `Reshape` to
-`[batch, seq, hidden]`. The scale is read from the graph's constants. RoPE: when it is the
+`[batch, seq, hidden]`. The scale is read from the graph's constants and applied to the query
+before attention (`_layer` says why). RoPE: when it is the
 original, unscaled one (`_plain_rope`) and each layer spells it `x * cos + rotate_half(x) * sin`,
 attention applies it itself from cos/sin caches computed here, and reads the q/k/v projections
 directly; the graph's rotary ops and its `position_ids` input then go (on the Qwen2.5-0.5B shape
@@ -218,6 +219,15 @@ def _layer(
         index.graph.initializer.append(_int64(_FLAT, [0, 0, -1]))
         index.constants[_FLAT] = np.array([0, 0, -1])
     rope_inputs = [COS_CACHE, SIN_CACHE] if do_rotary else []
+    # The scale goes on the query, and attention runs with scale 1: GQA multiplies each head's
+    # query by the cached keys through MLAS's SGEMM, which reads the keys in place for one
+    # query row only when alpha is 1 and otherwise copies them into a packed panel first, per
+    # head and per step. Measured on Qwen2.5-0.5B's shape in int4 (2 cores): 8 streams decode
+    # 5% faster at 32 tokens of context, 8% at 2,000. RoPE is linear, so scaling before it
+    # is the same product.
+    index.graph.initializer.append(_float32(f"{p}_scale", scale))
+    nodes.append(helper.make_node("Mul", [flat[0], f"{p}_scale"], [f"{p}_q_scaled"]))
+    flat[0] = f"{p}_q_scaled"
     nodes.append(
         helper.make_node(
             "GroupQueryAttention",
@@ -227,7 +237,7 @@ def _layer(
             domain="com.microsoft",
             num_heads=heads,
             kv_num_heads=kv_heads,
-            scale=scale,
+            scale=1.0,
             do_rotary=int(do_rotary),
             rotary_interleaved=0,
         )
@@ -419,6 +429,12 @@ def _int64(name: str, values: list[int]) -> onnx.TensorProto:
     from onnx import numpy_helper
 
     return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _float32(name: str, value: float) -> onnx.TensorProto:
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.array(value, np.float32), name)
 
 
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:

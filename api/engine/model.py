@@ -23,6 +23,7 @@ import onnxruntime as ort
 from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
 from api.engine.last_logits import EDIT_TAG, slice_last_position
+from api.engine.merged_projections import merge_projections
 from api.engine.ort_cache import open_session
 
 MODEL_FILE = "model.onnx"
@@ -154,13 +155,15 @@ def _can_edit() -> bool:
     return True
 
 
-FUSED_TAG = "gqa-rope-v2"  # part of the optimized-graph cache key: bump on any change of the edit
+# Part of the optimized-graph cache key: bump on any change of the fused edits.
+FUSED_TAG = "gqa-rope-v3+merged"
 
 
 def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> str | bytes:
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`)
-    and, when `fuse`, to use fused attention over a shared cache (`fused_attention.py`), where
-    each edit applies; else the file as exported."""
+    and, when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
+    matrix multiply per group of sibling projections (`merged_projections.py`), where each edit
+    applies; else the file as exported."""
     import onnx
 
     try:
@@ -169,6 +172,8 @@ def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> st
         return str(model_file)
     sliced = slice_last_position(proto)
     fused = fuse and fuse_attention(proto, config)
+    if fused:
+        merge_projections(proto)
     return proto.SerializeToString() if sliced or fused else str(model_file)
 
 

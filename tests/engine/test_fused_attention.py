@@ -75,12 +75,12 @@ def test_fused_logits_equal_the_graph_as_exported(tiny_exports, arch: str) -> No
     plain = make_engine(export.path, fused_attention=False)
     assert isinstance(fused.scheduler._batch, SlotBatch)
     assert isinstance(plain.scheduler._batch, PaddedBatch)
-    logits = [_prefill_and_decode(engine, prompt, decode_steps=4) for engine in (fused, plain)]
+    logits = [prefill_and_decode(engine, prompt, decode_steps=4) for engine in (fused, plain)]
     for got, want in zip(*logits, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def _prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.ndarray]:
+def prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.ndarray]:
     batch = engine.scheduler._batch
     item = Prefill(manual_sequence(engine, greedy("r", prompt, decode_steps + 1)))
     steps = [batch.prefill(PrefillCall([item], len(prompt)))]

@@ -1,0 +1,102 @@
+"""Sibling projections run as one matrix multiply, and no logit moves for it.
+
+The fp32 engine's logits are already compared with the graph as exported (test_fused_attention)
+and its tokens with transformers (test_exactness), merged projections included; these check the
+edit itself: what it merges, what it leaves, and that an int4 export gives the logits it gave
+with separate projections.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from api.engine import model as model_module
+from api.engine.fused_attention import fuse_attention
+from api.engine.merged_projections import merge_projections
+from api.engine.quantize import quantize_int4, quantize_int8
+from tests.engine.conftest import make_engine
+from tests.engine.test_exactness import random_prompt
+from tests.engine.test_fused_attention import prefill_and_decode
+
+
+def fused_graph(path: Path) -> tuple[onnx.ModelProto, dict]:
+    config = json.loads((path / "config.json").read_text())
+    graph = onnx.load(str(path / "model.onnx"))
+    assert fuse_attention(graph, config)
+    return graph, config
+
+
+def op_counts(graph: onnx.ModelProto) -> Counter[str]:
+    return Counter(node.op_type for node in graph.graph.node)
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny_exports, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """int4 and int8 copies of the tiny qwen2 export."""
+    copies = {}
+    for method, quantize in (("int4", quantize_int4), ("int8", quantize_int8)):
+        copies[method] = tmp_path_factory.mktemp(f"qwen2-{method}") / "export"
+        shutil.copytree(tiny_exports["qwen2"].path, copies[method])
+        quantize(copies[method])
+    return copies
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_q_k_v_and_gate_up_become_one_call_each(tiny_exports, arch: str) -> None:
+    graph, config = fused_graph(tiny_exports[arch].path)
+    layers = config["num_hidden_layers"]
+    before = op_counts(graph)
+    assert merge_projections(graph) == 2 * layers
+    after = op_counts(graph)
+    # Five projections read two tensors per layer: q, k, v the attention norm's output and
+    # gate, up the MLP norm's. Each group is now one MatMul over a Concat of its weights.
+    assert after["MatMul"] == before["MatMul"] - 3 * layers
+    assert after["Split"] == before["Split"] + 2 * layers
+
+
+def test_qwen2_biases_stay_one_add_after_the_merged_projection(tiny_exports) -> None:
+    """q, k and v carry biases: one Add of the concatenated biases goes before the Split, so
+    ONNX Runtime can still fold it into the projection."""
+    graph, config = fused_graph(tiny_exports["qwen2"].path)
+    adds = op_counts(graph)["Add"]
+    merge_projections(graph)
+    assert op_counts(graph)["Add"] == adds - 2 * config["num_hidden_layers"]
+
+
+def test_already_packed_projections_are_left_alone(tiny_exports) -> None:
+    """phi3 exports qkv_proj and gate_up_proj packed: nothing reads one tensor twice."""
+    graph, _ = fused_graph(tiny_exports["phi3"].path)
+    before = graph.SerializeToString()
+    assert merge_projections(graph) == 0
+    assert graph.SerializeToString() == before
+
+
+def test_int8_projections_are_left_alone(quantized) -> None:
+    """Dynamic int8 stays as exported: ONNX Runtime fuses each MatMulInteger with its
+    rescaling, and a Split between them would undo that."""
+    graph, _ = fused_graph(quantized["int8"])
+    assert merge_projections(graph) == 0
+
+
+def test_int4_merged_projections_give_the_logits_of_separate_ones(
+    tiny_exports, quantized, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = quantized["int4"]
+    graph, config = fused_graph(path)
+    layers = config["num_hidden_layers"]
+    assert merge_projections(graph) == 2 * layers
+    assert op_counts(graph)["MatMulNBits"] == 4 * layers  # qkv, o, gate_up, down
+
+    prompt = random_prompt(tiny_exports["qwen2"], 13, seed=5)
+    merged = prefill_and_decode(make_engine(path), prompt, decode_steps=4)
+    monkeypatch.setattr(model_module, "merge_projections", lambda graph: 0)
+    separate = prefill_and_decode(make_engine(path), prompt, decode_steps=4)
+    for got, want in zip(merged, separate, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
