@@ -1,10 +1,4 @@
-"""Sibling projections run as one matrix multiply, and no logit moves for it.
-
-The fp32 engine's logits are already compared with the graph as exported (test_fused_attention)
-and its tokens with transformers (test_exactness), merged projections included; these check the
-edit itself: what it merges, what it leaves, and that an int4 export gives the logits it gave
-with separate projections.
-"""
+"""int4 sibling projections run as one MatMulNBits, and no logit moves for it."""
 
 from __future__ import annotations
 
@@ -39,56 +33,55 @@ def op_counts(graph: onnx.ModelProto) -> Counter[str]:
 
 @pytest.fixture(scope="module")
 def quantized(tiny_exports, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """int4 and int8 copies of the tiny qwen2 export."""
+    """Quantized copies of the tiny exports: "llama-int4", "qwen2-int4", "qwen2-int8"."""
     copies = {}
-    for method, quantize in (("int4", quantize_int4), ("int8", quantize_int8)):
-        copies[method] = tmp_path_factory.mktemp(f"qwen2-{method}") / "export"
-        shutil.copytree(tiny_exports["qwen2"].path, copies[method])
-        quantize(copies[method])
+    for arch, method, quantize in (
+        ("llama", "int4", quantize_int4),
+        ("qwen2", "int4", quantize_int4),
+        ("qwen2", "int8", quantize_int8),
+    ):
+        copy = copies[f"{arch}-{method}"] = tmp_path_factory.mktemp(f"{arch}-{method}") / "x"
+        shutil.copytree(tiny_exports[arch].path, copy)
+        quantize(copy)
     return copies
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_q_k_v_and_gate_up_become_one_call_each(tiny_exports, arch: str) -> None:
-    graph, config = fused_graph(tiny_exports[arch].path)
+def test_q_k_v_and_gate_up_become_one_call_each(quantized, arch: str) -> None:
+    graph, config = fused_graph(quantized[f"{arch}-int4"])
     layers = config["num_hidden_layers"]
     before = op_counts(graph)
     assert merge_projections(graph) == 2 * layers
     after = op_counts(graph)
     # Five projections read two tensors per layer: q, k, v the attention norm's output and
-    # gate, up the MLP norm's. Each group is now one MatMul over a Concat of its weights.
-    assert after["MatMul"] == before["MatMul"] - 3 * layers
+    # gate, up the MLP norm's. Each group is now one MatMulNBits over Concats of its weights.
+    assert after["MatMulNBits"] == before["MatMulNBits"] - 3 * layers
     assert after["Split"] == before["Split"] + 2 * layers
 
 
-def test_qwen2_biases_stay_one_add_after_the_merged_projection(tiny_exports) -> None:
+def test_qwen2_biases_stay_one_add_after_the_merged_projection(quantized) -> None:
     """q, k and v carry biases: one Add of the concatenated biases goes before the Split, so
     ONNX Runtime can still fold it into the projection."""
-    graph, config = fused_graph(tiny_exports["qwen2"].path)
+    graph, config = fused_graph(quantized["qwen2-int4"])
     adds = op_counts(graph)["Add"]
     merge_projections(graph)
     assert op_counts(graph)["Add"] == adds - 2 * config["num_hidden_layers"]
 
 
-def test_already_packed_projections_are_left_alone(tiny_exports) -> None:
-    """phi3 exports qkv_proj and gate_up_proj packed: nothing reads one tensor twice."""
-    graph, _ = fused_graph(tiny_exports["phi3"].path)
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_fp32_and_int8_projections_are_left_alone(tiny_exports, quantized, precision) -> None:
+    """Merging did not pay for them (the module docstring has the figures)."""
+    path = tiny_exports["qwen2"].path if precision == "fp32" else quantized["qwen2-int8"]
+    graph, _ = fused_graph(path)
     before = graph.SerializeToString()
     assert merge_projections(graph) == 0
     assert graph.SerializeToString() == before
 
 
-def test_int8_projections_are_left_alone(quantized) -> None:
-    """Dynamic int8 stays as exported: ONNX Runtime fuses each MatMulInteger with its
-    rescaling, and a Split between them would undo that."""
-    graph, _ = fused_graph(quantized["int8"])
-    assert merge_projections(graph) == 0
-
-
 def test_int4_merged_projections_give_the_logits_of_separate_ones(
     tiny_exports, quantized, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = quantized["int4"]
+    path = quantized["qwen2-int4"]
     graph, config = fused_graph(path)
     layers = config["num_hidden_layers"]
     assert merge_projections(graph) == 2 * layers
