@@ -54,7 +54,7 @@ async def merge_outputs(
                 yield TIMEOUT
                 return
             try:
-                index, item = await asyncio.wait_for(queue.get(), wait)
+                index, item = queue.get_nowait() if queue.qsize() else await _get(queue, wait)
             except TimeoutError:
                 yield TIMEOUT if time.monotonic() >= deadline else KEEPALIVE
                 if time.monotonic() >= deadline:
@@ -75,3 +75,10 @@ async def merge_outputs(
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:
                     await aclose()
+
+
+async def _get(queue: asyncio.Queue[tuple[int, Any]], timeout: float) -> tuple[int, Any]:
+    """`queue.get()` within `timeout` seconds. Not `asyncio.wait_for`, which wraps the get in a
+    new task: this runs once per streamed token, and the task cost more than the wait."""
+    async with asyncio.timeout(None if math.isinf(timeout) else timeout):
+        return await queue.get()
