@@ -1,0 +1,107 @@
+"""Decode step time as the context grows, for 1 and 8 sequences, on the engine's fused graph.
+
+    .venv/bin/python bench/context.py [--model DIR] [--contexts 32,512,2000] [--rounds 8]
+
+Weights cost the same at every context; attention reads every cached key and value, so its share
+of a step grows with the context. This times the graph the engine serves (fused attention over
+one preallocated KV buffer, bound as `kv_slots.SlotBatch` binds it) with every row at the same
+length, so nothing but the context changes between rows of the table. Segments of 30 steps of
+each (context, batch) pair are interleaved round by round (the shared 2-core machine drifts), and
+the table gives the median step. The default model is bench/compare.py's int4 export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from api.engine.fused_attention import SEQLENS, TOTAL  # noqa: E402
+from api.engine.model import OnnxCausalLM  # noqa: E402
+from api.engine.ort_cache import default_cache_dir  # noqa: E402
+from bench.engine import OUT  # noqa: E402
+
+STEPS = 30
+
+
+class Decoder:
+    """`rows` sequences of `context` tokens (zeros: the values do not change the time)."""
+
+    def __init__(self, model: OnnxCausalLM, rows: int, context: int) -> None:
+        spec = model.spec
+        self.model, self.context = model, context
+        capacity = 1 << (context + STEPS + 8).bit_length()
+        shape = [rows, spec.kv_heads, capacity, spec.head_dim]
+        self.buffers = [np.zeros(shape, spec.kv_dtype) for _ in spec.past_names]
+        self.binding = model.session.io_binding()
+        self.binding.bind_output("logits")  # first: outputs come back in binding order
+        for past, present, buffer in zip(
+            spec.past_names, spec.present_names, self.buffers, strict=True
+        ):
+            self.binding.bind_input(past, "cpu", 0, spec.kv_dtype, shape, buffer.ctypes.data)
+            self.binding.bind_output(present, "cpu", 0, spec.kv_dtype, shape, buffer.ctypes.data)
+        self.lengths = np.full(rows, context, np.int64)
+        self.ids = np.full((rows, 1), 100, np.int64)
+
+    def segment(self) -> float:
+        """Median seconds of one step over `STEPS` steps, from the same context each time."""
+        self.lengths[:] = self.context
+        times = []
+        for _ in range(STEPS):
+            started = time.perf_counter()
+            self.binding.bind_output("logits")
+            self.binding.bind_cpu_input("input_ids", self.ids)
+            self.binding.bind_cpu_input(SEQLENS, self.lengths.astype(np.int32))
+            self.binding.bind_cpu_input(TOTAL, np.array(self.lengths.max() + 1, np.int32))
+            self.model.session.run_with_iobinding(self.binding)
+            logits = self.binding.get_outputs()[0].numpy()
+            self.ids = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+            self.lengths += 1
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=OUT / "compare" / "int4")
+    parser.add_argument("--contexts", default="32,512,2000")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args()
+    if not (args.model / "model.onnx").is_file():
+        print(f"no export at {args.model}: run bench/compare.py first, or pass --model")
+        return 1
+    model = OnnxCausalLM(args.model, cache_dir=default_cache_dir())
+    if not model.spec.shared_kv:
+        print(f"{args.model}: the engine does not serve this graph with fused attention")
+        return 1
+    contexts = [int(c) for c in args.contexts.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    decoders = {(b, c): Decoder(model, b, c) for b in batches for c in contexts}
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in decoders}
+    for decoder in decoders.values():
+        decoder.segment()  # warm-up
+    for _ in range(args.rounds):
+        for key, decoder in decoders.items():
+            times[key].append(decoder.segment())
+    print(f"\nmodel {args.model}, median of {args.rounds} segments of {STEPS} steps\n")
+    print("| sequences | context | step ms | tokens/s | step vs shortest context |")
+    print("|---:|---:|---:|---:|---:|")
+    for batch in batches:
+        base = statistics.median(times[(batch, contexts[0])])
+        for context in contexts:
+            step = statistics.median(times[(batch, context)])
+            row = f"| {batch} | {context} | {step * 1000:.2f} | {batch / step:.1f} "
+            print(row + f"| {step / base:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
