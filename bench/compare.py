@@ -23,9 +23,10 @@ a 512-token prompt, idle and while 8 streams decode, and (ours over HTTP) for th
 conversation that began with it; every other HTTP prompt is unique, so none starts from the
 server's prefix cache (the run fails if one does); the peak RSS of the serving process; and
 the floor, bandwidth / weight bytes read per token (every initializer a node reads, an embedding
-one row). Each figure is the median over `--rounds` rounds, and the peers are interleaved within
-each round, because this shared 2-core machine drifts by tens of percent over minutes: only
-ratios inside one run mean much. Prints one markdown table, writes bench/compare.png and
+one row; the bandwidth is the median of readings before the rounds and after each). Each
+figure is the median over `--rounds` rounds, and the peers are interleaved within each round,
+because this shared 2-core machine drifts by tens of percent over minutes: only ratios inside
+one run mean much. Prints one markdown table, writes bench/compare.png and
 bench/out/compare/results.json.
 """
 
@@ -890,11 +891,12 @@ def main() -> int:
         bandwidths = [before]
         rounds = measure_rounds(peers, args.rounds, args.budget_minutes * 60, bandwidths)
         after = bandwidths[-1]
-        # Other work on a shared machine only lowers it: the highest reading is the closest
-        # estimate of what the memory can deliver, and the strictest floor. One reading before
-        # and one after were not enough: a run here read 16.0 and 22.9 GB/s, and fp32 then
-        # decoded at 1.03-1.12 of its "floor".
-        bandwidth = max(bandwidths)
+        # Every figure is a median over the rounds, so the floor takes the median of the
+        # readings around those same rounds. Not one reading (a run here read 16.0 GB/s before
+        # and 22.9 after, and fp32 then decoded at 1.03-1.12 of its "floor"), and not the
+        # highest: another run read 38.3-58.2 GB/s, and fp32, which only streams weights, then
+        # decoded at 0.62 of the highest reading's floor, at 36 GB/s.
+        bandwidth = statistics.median(bandwidths)
         rendered = table(peers, bandwidth)
         checks = targets(peers, bandwidth)
     finally:
@@ -907,8 +909,9 @@ def main() -> int:
     )
     print(f"commit {measured}; {describe_machine()}; {versions}")
     print(
-        f"read bandwidth {bandwidth:.1f} GB/s ({how}; highest of {len(bandwidths)} readings: "
-        f"{before:.1f} before the rounds, {after:.1f} after); {PLAN.tokens} tokens per stream, "
+        f"read bandwidth {bandwidth:.1f} GB/s ({how}; median of {len(bandwidths)} readings, "
+        f"{min(bandwidths):.1f}-{max(bandwidths):.1f}: {before:.1f} before the rounds, "
+        f"{after:.1f} after); {PLAN.tokens} tokens per stream, "
         f"{PLAN.prompt}-token prompts, greedy; median of {rounds} interleaved rounds"
     )
     if genai_note:
