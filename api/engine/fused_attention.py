@@ -17,12 +17,12 @@ What is replaced per layer, found by walking the graph rather than by node names
 `Concat(past, new)` -> `present` for key and value, the repeat of the KV heads, the scaled
 `MatMul`, the mask, `Softmax` and the `MatMul` with the values, down to the `Reshape` to
 `[batch, seq, hidden]`. The scale is read from the graph's constants and applied to the query
-before attention (`_layer` says why). RoPE: when it is the
-original, unscaled one (`_plain_rope`) and each layer spells it `x * cos + rotate_half(x) * sin`,
-attention applies it itself from cos/sin caches computed here, and reads the q/k/v projections
-directly; the graph's rotary ops and its `position_ids` input then go (on the Qwen2.5-0.5B shape
-the optimized graph shrinks from 1,222 nodes to 340). Scaled or partial RoPE keeps the graph's
-own rotary ops, driven by `position_ids`, so those variants stay exact.
+before attention (`_layer` says why). RoPE: when it is the original, unscaled one
+(`_plain_rope`) and each layer spells it `x * cos + rotate_half(x) * sin`, attention applies it
+itself from cos/sin caches computed here, and reads the q/k/v projections directly; the graph's
+rotary ops and its `position_ids` input then go (on the Qwen2.5-0.5B shape the optimized graph
+shrinks from 1,222 nodes to 340). Scaled or partial RoPE keeps the graph's own rotary ops,
+driven by `position_ids`, so those variants stay exact.
 
 The edit is refused (the graph served as exported, `False` returned) when any layer does not
 have exactly that shape, when the graph has no `position_ids` input (positions would be read

@@ -162,8 +162,8 @@ FUSED_TAG = "gqa-rope-v3+merged-int4"
 def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> str | bytes:
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`)
     and, when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
-    int4 matrix multiply per group of sibling projections (`merged_projections.py`), where each edit
-    applies; else the file as exported."""
+    int4 matrix multiply per group of sibling projections (`merged_projections.py`), where each
+    edit applies; else the file as exported."""
     import onnx
 
     try:
