@@ -41,13 +41,19 @@ def merge_projections(model: onnx.ModelProto) -> int:
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
     groups: dict[Hashable, list[onnx.NodeProto]] = defaultdict(list)
+    # Indexed once, before any merge: each group only replaces its own nodes and the Adds that
+    # read only them, so what the index says about another group stays true.
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in graph.node:
         key = _sibling_key(node, weights)
         if key is not None:
             groups[key].append(node)
+        for name in node.input:
+            readers[name].append(node)
+    biases = _constant_vectors(graph, weights)
     siblings = [nodes for nodes in groups.values() if len(nodes) > 1]
     for number, nodes in enumerate(siblings):
-        _merge(graph, nodes, weights, f"{_PREFIX}_{number}")
+        _merge(graph, nodes, readers, biases, f"{_PREFIX}_{number}")
     return len(siblings)
 
 
@@ -67,7 +73,8 @@ def _sibling_key(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto]) -> 
 def _merge(
     graph: onnx.GraphProto,
     nodes: list[onnx.NodeProto],
-    weights: dict[str, onnx.TensorProto],
+    readers: dict[str, list[onnx.NodeProto]],
+    constants: set[str],
     prefix: str,
 ) -> None:
     """One projection over the concatenated weights, split back into the nodes' outputs."""
@@ -91,7 +98,7 @@ def _merge(
     merged.attribute.append(helper.make_attribute("N", sum(widths)))
     added = [*concats, merged]
     outputs = [node.output[0] for node in nodes]
-    biases = _bias_adds(graph, outputs, weights)
+    biases = _bias_adds(outputs, readers, constants)
     if biases is not None:  # biased, as Qwen2's q/k/v: one Add, before the Split
         added.append(_concat([bias for _, bias in biases], f"{prefix}_bias", axis=0))
         added.append(helper.make_node("Add", [prefix, f"{prefix}_bias"], [f"{prefix}_biased"]))
@@ -107,18 +114,17 @@ def _merge(
 
 
 def _bias_adds(
-    graph: onnx.GraphProto, outputs: list[str], weights: dict[str, onnx.TensorProto]
+    outputs: list[str], readers: dict[str, list[onnx.NodeProto]], constants: set[str]
 ) -> list[tuple[onnx.NodeProto, str]] | None:
     """(the Add, its bias) for each output, when each is read only by an Add of a constant
     vector: ONNX Runtime folds such an Add into the projection before it, which a Split
     between them would prevent, so the bias is concatenated too. Else None."""
-    constants = _constant_vectors(graph, weights)
     found = []
     for output in outputs:
-        readers = [node for node in graph.node if output in node.input]
-        if len(readers) != 1 or readers[0].op_type != "Add":
+        adds = readers.get(output, [])
+        if len(adds) != 1 or adds[0].op_type != "Add":
             return None
-        add = readers[0]
+        add = adds[0]
         bias = add.input[1] if add.input[0] == output else add.input[0]
         if bias not in constants:
             return None
