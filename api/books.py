@@ -1,5 +1,6 @@
 """The API's window on billing: each call is one short transaction, run in a worker thread so
-the event loop never waits on the database, and never held open across generation."""
+the event loop never waits on the database, and never held open across generation. Writes that
+arrive together share a commit (`billing.group_commit`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sqlmodel import Session
 from billing import idempotency, keys, ledger
 from billing.db import reading, session_scope
 from billing.errors import InvalidKey
+from billing.group_commit import GroupCommit
 from billing.idempotency import StoredAnswer
 from billing.keys import KeyIdentity
 from billing.ledger import Balance
@@ -30,13 +32,20 @@ class Books:
     hold_ttl: timedelta
     key_cache_seconds: float
     _key_cache: dict[str, tuple[float, KeyIdentity]] = field(default_factory=dict)
+    _writes: GroupCommit = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._writes = GroupCommit(self.db)
 
     async def _run(self, work: Callable[[Session], T], *, write: bool = True) -> T:
-        def transaction() -> T:
-            with session_scope(self.db if write else reading(self.db)) as session:
+        if write:
+            return await self._writes.run(work)
+
+        def read() -> T:
+            with session_scope(reading(self.db)) as session:
                 return work(session)
 
-        return await to_thread.run_sync(transaction)
+        return await to_thread.run_sync(read)
 
     async def authenticate(self, key: str) -> KeyIdentity:
         """A live key's owner. Answers are cached briefly, so a revoked key stops working within
