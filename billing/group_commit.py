@@ -26,6 +26,8 @@ from anyio import to_thread
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from billing.db import session_scope
+
 T = TypeVar("T")
 Work = Callable[[Session], Any]
 
@@ -83,15 +85,8 @@ class GroupCommit:
             _answer(batch, outcomes)
 
     def _commit(self, works: list[Work]) -> list[_Outcome]:
-        outcomes = []
-        with Session(self._engine, expire_on_commit=False) as session:
-            try:
-                outcomes = [_attempt(session, work) for work in works]
-                session.commit()
-            except BaseException:
-                session.rollback()
-                raise
-        return outcomes
+        with session_scope(self._engine) as session:
+            return [_attempt(session, work) for work in works]
 
 
 def _attempt(session: Session, work: Work) -> _Outcome:
