@@ -270,6 +270,15 @@ class OnnxCausalLM:
         logits, *presents = self.session.run(self._output_names, feed)
         return self.last_logits(logits), presents
 
+    def logits_buffer(self, rows: int) -> np.ndarray | None:
+        """An array `[rows, 1, vocab]` to bind the logits of up to `rows` rows to, or None when
+        the graph's logits have no fixed shape per row (every position, or an unknown vocab)."""
+        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        vocab, dtype = logits.shape[-1], _ORT_TYPES.get(logits.type)
+        if not self.last_position_only or not isinstance(vocab, int) or dtype is None:
+            return None
+        return np.empty((rows, 1, vocab), dtype)
+
     @staticmethod
     def last_logits(logits: np.ndarray) -> np.ndarray:
         """The last position's logits [batch, vocab] as float32, from the graph's `logits`."""

@@ -74,6 +74,7 @@ def test_fused_logits_equal_the_graph_as_exported(tiny_exports, arch: str) -> No
     fused = make_engine(export.path)
     plain = make_engine(export.path, fused_attention=False)
     assert isinstance(fused.scheduler._batch, SlotBatch)
+    assert fused.scheduler._batch._logits is not None  # bound to its buffer, not allocated
     assert isinstance(plain.scheduler._batch, PaddedBatch)
     logits = [prefill_and_decode(engine, prompt, decode_steps=4) for engine in (fused, plain)]
     for got, want in zip(*logits, strict=True):
@@ -81,13 +82,14 @@ def test_fused_logits_equal_the_graph_as_exported(tiny_exports, arch: str) -> No
 
 
 def prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.ndarray]:
+    """Each call's logits, copied: a `SlotBatch` writes every call's into the same buffer."""
     batch = engine.scheduler._batch
     item = Prefill(manual_sequence(engine, greedy("r", prompt, decode_steps + 1)))
-    steps = [batch.prefill(PrefillCall([item], len(prompt)))]
+    steps = [batch.prefill(PrefillCall([item], len(prompt))).copy()]
     batch.join([item])
     for _ in range(decode_steps):
         item.seq.output_ids.append(int(steps[-1][0].argmax()))
-        steps.append(batch.decode())
+        steps.append(batch.decode().copy())
     return steps
 
 
