@@ -1,13 +1,15 @@
 """Decode step time as the context grows, for 1 and 8 sequences, on the engine's fused graph.
 
-    .venv/bin/python bench/context.py [--model DIR] [--contexts 32,512,2000] [--rounds 8]
+    .venv/bin/python bench/context.py [--model DIR ...] [--contexts 32,512,2000] [--rounds 8]
 
 Weights cost the same at every context; attention reads every cached key and value, so its share
 of a step grows with the context. This times the graph the engine serves (fused attention over
 one preallocated KV buffer, bound as `kv_slots.SlotBatch` binds it) with every row at the same
 length, so nothing but the context changes between rows of the table. Segments of 30 steps of
 each (context, batch) pair are interleaved round by round (the shared 2-core machine drifts), and
-the table gives the median step. The default model is bench/compare.py's int4 export.
+the table gives the median step. The default model is bench/compare.py's int4 export; several
+`--model` dirs are interleaved the same way, to compare exports on one machine in one run (the
+block sizes of `bench/quantize.py`'s variants, under bench/out/variant-*, say).
 """
 
 from __future__ import annotations
@@ -70,36 +72,44 @@ class Decoder:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=OUT / "compare" / "int4")
+    parser.add_argument("--model", type=Path, nargs="+", default=[OUT / "compare" / "int4"])
     parser.add_argument("--contexts", default="32,512,2000")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
-    if not (args.model / "model.onnx").is_file():
-        print(f"no export at {args.model}: run bench/compare.py first, or pass --model")
-        return 1
-    model = OnnxCausalLM(args.model, cache_dir=default_cache_dir())
-    if not model.spec.shared_kv:
-        print(f"{args.model}: the engine does not serve this graph with fused attention")
-        return 1
+    models = {}
+    for path in args.model:
+        if not (path / "model.onnx").is_file():
+            print(f"no export at {path}: run bench/compare.py first, or pass --model")
+            return 1
+        models[path] = OnnxCausalLM(path, cache_dir=default_cache_dir())
+        if not models[path].spec.shared_kv:
+            print(f"{path}: the engine does not serve this graph with fused attention")
+            return 1
     contexts = [int(c) for c in args.contexts.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
-    decoders = {(b, c): Decoder(model, b, c) for b in batches for c in contexts}
-    times: dict[tuple[int, int], list[float]] = {key: [] for key in decoders}
+    decoders = {
+        (path, b, c): Decoder(model, b, c)
+        for path, model in models.items()
+        for b in batches
+        for c in contexts
+    }
+    times: dict[tuple[Path, int, int], list[float]] = {key: [] for key in decoders}
     for decoder in decoders.values():
         decoder.segment()  # warm-up
     for _ in range(args.rounds):
         for key, decoder in decoders.items():
             times[key].append(decoder.segment())
-    print(f"\nmodel {args.model}, median of {args.rounds} segments of {STEPS} steps\n")
-    print("| sequences | context | step ms | tokens/s | step vs shortest context |")
-    print("|---:|---:|---:|---:|---:|")
-    for batch in batches:
-        base = statistics.median(times[(batch, contexts[0])])
-        for context in contexts:
-            step = statistics.median(times[(batch, context)])
-            row = f"| {batch} | {context} | {step * 1000:.2f} | {batch / step:.1f} "
-            print(row + f"| {step / base:.2f}x |")
+    print(f"\nmedian of {args.rounds} segments of {STEPS} steps\n")
+    print("| model | sequences | context | step ms | tokens/s | step vs shortest context |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for path in models:
+        for batch in batches:
+            base = statistics.median(times[(path, batch, contexts[0])])
+            for context in contexts:
+                step = statistics.median(times[(path, batch, context)])
+                row = f"| {path.name} | {batch} | {context} | {step * 1000:.2f} "
+                print(row + f"| {batch / step:.1f} | {step / base:.2f}x |")
     return 0
 
 

@@ -215,7 +215,8 @@ async def _consume(stream, times: list[float]) -> None:
 
 async def _running_streams(engine: LocalEngine, count: int) -> tuple[list, list[list[float]]]:
     """`count` long greedy streams, returned once each has its second token."""
-    streams, times = [], []
+    streams: list = []
+    times: list[list[float]] = []
     for i in range(count):
         request = GenerationRequest(
             f"run{i}-{time.monotonic_ns()}",

@@ -5,9 +5,10 @@
 Quantizes the random Qwen2.5-0.5B-shaped export of `bench/engine.py` (built on first use) into
 variants under bench/out/ (kept between runs), then times a bare ONNX Runtime greedy loop on each,
 interleaved round by round (the shared 2-core machine drifts by tens of percent over minutes), and
-prints the median, min and max tokens/s per variant. Divergence from fp32 is measured on tiny
-models by `tests/engine/test_quantize.py` (a random 0.5B model has near-flat logits: its greedy
-agreement would measure noise).
+prints the median, min and max tokens/s per variant (`bench/context.py --model DIR ...` times
+the variants' dirs as the engine runs them, at 1 and 8 sequences). Divergence from fp32 is
+measured on tiny models by `tests/engine/test_quantize.py` (a random 0.5B model has near-flat
+logits: its greedy agreement would measure noise).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ VARIANTS: dict[str, Int4Config | str | None] = {
     "fp32": None,
     "int8-dynamic": "int8",
     "int4-b32-a4-head8": Int4Config(block_size=32, accuracy_level=4, head_bits=8),
+    "int4-b64-a4-head8": Int4Config(block_size=64, accuracy_level=4, head_bits=8),
     "int4-b128-a4-head8": Int4Config(block_size=128, accuracy_level=4, head_bits=8),
+    "int4-b256-a4-head8": Int4Config(block_size=256, accuracy_level=4, head_bits=8),
     "int4-b128-a4-head8nbits": Int4Config(block_size=128, head_bits=8, head_dynamic=False),
     "int4-b32-a4-head4": Int4Config(block_size=32, accuracy_level=4, head_bits=4),
     "int4-b128-a4-head4": Int4Config(block_size=128, accuracy_level=4, head_bits=4),
