@@ -177,9 +177,13 @@ def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> st
     return proto.SerializeToString() if sliced or fused else str(model_file)
 
 
+def _logits_output(session: ort.InferenceSession) -> ort.NodeArg:
+    return next(o for o in session.get_outputs() if o.name == "logits")
+
+
 def _last_position_only(session: ort.InferenceSession) -> bool:
     """Whether the graph's `logits` has a sequence dim of 1 (the edit sets it)."""
-    logits = next(o for o in session.get_outputs() if o.name == "logits")
+    logits = _logits_output(session)
     return len(logits.shape) == 3 and logits.shape[1] == 1
 
 
@@ -273,7 +277,7 @@ class OnnxCausalLM:
     def logits_buffer(self, rows: int) -> np.ndarray | None:
         """An array `[rows, 1, vocab]` to bind the logits of up to `rows` rows to, or None when
         the graph's logits have no fixed shape per row (every position, or an unknown vocab)."""
-        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        logits = _logits_output(self.session)
         vocab, dtype = logits.shape[-1], _ORT_TYPES.get(logits.type)
         if not self.last_position_only or not isinstance(vocab, int) or dtype is None:
             return None
