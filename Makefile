@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test bot migrate lint demo-model clean
+.PHONY: run test bot migrate lint demo-model int4-kernel clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,16 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,export]'
 	touch $@ $(VENV)/.run-installed
 
-migrate: $(VENV)/.run-installed
+# Our int4 kernel (api/engine/int4_build.py): built when a C compiler and ONNX Runtime's C
+# header can be had, else serving keeps ONNX Runtime's kernel. INT4_BUILD_FLAGS=--require fails
+# instead (CI).
+INT4_LIBRARY := $(VENV)/lib/tokenshop/libtokenshop_int4.so
+$(INT4_LIBRARY): api/engine/csrc/int4_matmul.c | $(VENV)/.run-installed
+	$(BIN)/python -m api.engine.int4_build $(INT4_BUILD_FLAGS)
+
+int4-kernel: $(INT4_LIBRARY)
+
+migrate: $(VENV)/.run-installed $(INT4_LIBRARY)
 	$(BIN)/alembic upgrade head
 
 run: migrate
@@ -31,7 +40,7 @@ run: migrate
 bot: migrate
 	$(BIN)/tokenshop bot
 
-test: $(VENV)/.dev-installed
+test: $(VENV)/.dev-installed $(INT4_LIBRARY)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev-installed

@@ -87,6 +87,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
 
 
 async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
+    from api.engine.int4_kernel import preferred_library
     from api.engine.registry import EngineConfig, load_engines
 
     config = EngineConfig(
@@ -97,6 +98,7 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         cache_dir=_engine_cache_dir(settings.engine_cache_dir),
         fused_attention=settings.engine_fused_attention,
         prefix_cache_mb=settings.engine_prefix_cache_mb,
+        int4_kernel=preferred_library() if settings.engine_int4_kernel else None,
     )
     return await to_thread.run_sync(load_engines, settings.models, config)
 

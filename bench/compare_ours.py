@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from api.engine.engine import LocalEngine  # noqa: E402
+from api.engine.int4_kernel import preferred_library  # noqa: E402
 from api.engine.model import OnnxCausalLM  # noqa: E402
 from api.engine.ort_cache import default_cache_dir  # noqa: E402
 from bench.engine import (  # noqa: E402
@@ -65,9 +66,10 @@ def handle_bare(model: OnnxCausalLM, command: dict[str, Any]) -> dict[str, Any]:
 
 
 async def serve(path: Path, *, bare: bool) -> None:
-    # Default limits and the default graph cache, as the server's.
+    # Default limits, the default graph cache and int4 kernel, as the server's.
     cache = default_cache_dir()
-    engine = None if bare else LocalEngine("bench", path, cache_dir=cache)
+    kernel = preferred_library()
+    engine = None if bare else LocalEngine("bench", path, cache_dir=cache, int4_kernel=kernel)
     model = plain_model(path, None, cache) if bare else None
     if engine is not None:
         await engine.start()

@@ -9,7 +9,8 @@ length, so nothing but the context changes between rows of the table. Segments o
 each (context, batch) pair are interleaved round by round (the shared 2-core machine drifts), and
 the table gives the median step. The default model is bench/compare.py's int4 export; several
 `--model` dirs are interleaved the same way, to compare exports on one machine in one run (the
-block sizes of `bench/quantize.py`'s variants, under bench/out/variant-*, say).
+block sizes of `bench/quantize.py`'s variants, under bench/out/variant-*, say), and so are int4
+projections run by ONNX Runtime's `MatMulNBits` and by our op (`--int4-kernel both`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from api.engine.fused_attention import SEQLENS, TOTAL  # noqa: E402
+from api.engine.int4_kernel import default_library, preferred_library  # noqa: E402
 from api.engine.model import OnnxCausalLM  # noqa: E402
 from api.engine.ort_cache import default_cache_dir  # noqa: E402
 from bench.engine import OUT  # noqa: E402
@@ -76,16 +78,28 @@ def main() -> int:
     parser.add_argument("--contexts", default="32,512,2000")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--int4-kernel",
+        choices=("default", "ort", "ours", "both"),
+        default="default",
+        help="who runs int4 projections (default: as the server would here)",
+    )
     args = parser.parse_args()
-    models = {}
+    kernels = _kernels(args.int4_kernel)
+    if kernels is None:
+        print("the int4 kernel is not built: run `python -m api.engine.int4_build`")
+        return 1
+    models: dict[str, OnnxCausalLM] = {}
     for path in args.model:
         if not (path / "model.onnx").is_file():
             print(f"no export at {path}: run bench/compare.py first, or pass --model")
             return 1
-        models[path] = OnnxCausalLM(path, cache_dir=default_cache_dir())
-        if not models[path].spec.shared_kv:
-            print(f"{path}: the engine does not serve this graph with fused attention")
-            return 1
+        for name, kernel in kernels.items():
+            label = f"{path.name}{name}"
+            models[label] = OnnxCausalLM(path, cache_dir=default_cache_dir(), int4_kernel=kernel)
+            if not models[label].spec.shared_kv:
+                print(f"{path}: the engine does not serve this graph with fused attention")
+                return 1
     contexts = [int(c) for c in args.contexts.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     decoders = {
@@ -94,7 +108,7 @@ def main() -> int:
         for b in batches
         for c in contexts
     }
-    times: dict[tuple[Path, int, int], list[float]] = {key: [] for key in decoders}
+    times: dict[tuple[str, int, int], list[float]] = {key: [] for key in decoders}
     for decoder in decoders.values():
         decoder.segment()  # warm-up
     for _ in range(args.rounds):
@@ -108,9 +122,25 @@ def main() -> int:
             base = statistics.median(times[(path, batch, contexts[0])])
             for context in contexts:
                 step = statistics.median(times[(path, batch, context)])
-                row = f"| {path.name} | {batch} | {context} | {step * 1000:.2f} "
+                row = f"| {path} | {batch} | {context} | {step * 1000:.2f} "
                 print(row + f"| {batch / step:.1f} | {step / base:.2f}x |")
     return 0
+
+
+def _kernels(choice: str) -> dict[str, Path | None] | None:
+    """Label suffix -> int4 kernel library per variant; None when ours is asked for but absent."""
+    if choice == "default":
+        return {"": preferred_library()}
+    built = default_library()
+    if choice != "ort" and not built.is_file():
+        return None
+    variants: dict[str, dict[str, Path | None]] = {
+        "ort": {" (ORT int4)": None},
+        "ours": {" (our int4)": built},
+    }
+    if choice == "both":
+        return variants["ort"] | variants["ours"]
+    return variants[choice]
 
 
 if __name__ == "__main__":

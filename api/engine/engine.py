@@ -101,13 +101,18 @@ class LocalEngine(EngineClient):
         threads: int | None = None,
         cache_dir: Path | None = None,
         fused_attention: bool = True,
+        int4_kernel: Path | None = None,
     ) -> None:
         if not path.is_dir():
             raise ModelLoadError(f"{path}: not a directory (expected an Optimum ONNX export)")
         self.model_id = model_id
         self.path = path
         self.model = OnnxCausalLM(
-            path, threads=threads, cache_dir=cache_dir, fuse_attention=fused_attention
+            path,
+            threads=threads,
+            cache_dir=cache_dir,
+            fuse_attention=fused_attention,
+            int4_kernel=int4_kernel,
         )
         self.tokenizer = TokenizerWrapper.from_file(path / TOKENIZER_FILE)
         self.chat_template = load_chat_template(path)

@@ -22,6 +22,8 @@ import onnxruntime as ort
 
 from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
+from api.engine.int4_kernel import register as register_int4_kernel
+from api.engine.int4_kernel import use_int4_kernel
 from api.engine.last_logits import EDIT_TAG, slice_last_position
 from api.engine.merged_projections import merge_projections
 from api.engine.ort_cache import open_session
@@ -157,13 +159,17 @@ def _can_edit() -> bool:
 
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
+INT4_KERNEL_TAG = "int4-kernel-v1"
 
 
-def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> str | bytes:
-    """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`)
-    and, when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
-    int4 matrix multiply per group of sibling projections (`merged_projections.py`), where each
-    edit applies; else the file as exported."""
+def _graph_source(
+    model_file: Path, config: dict[str, Any], *, fuse: bool, int4_kernel: bool
+) -> str | bytes:
+    """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`);
+    when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
+    int4 matrix multiply per group of sibling projections (`merged_projections.py`); when
+    `int4_kernel`, to run int4 projections with our op (`int4_kernel.py`): where each edit
+    applies. Else the file as exported."""
     import onnx
 
     try:
@@ -174,7 +180,8 @@ def _graph_source(model_file: Path, config: dict[str, Any], *, fuse: bool) -> st
     fused = fuse and fuse_attention(proto, config)
     if fused:
         merge_projections(proto)
-    return proto.SerializeToString() if sliced or fused else str(model_file)
+    ours = int4_kernel and use_int4_kernel(proto) > 0
+    return proto.SerializeToString() if sliced or fused or ours else str(model_file)
 
 
 def _logits_output(session: ort.InferenceSession) -> ort.NodeArg:
@@ -187,10 +194,12 @@ def _last_position_only(session: ort.InferenceSession) -> bool:
     return len(logits.shape) == 3 and logits.shape[1] == 1
 
 
-def session_options(threads: int | None) -> ort.SessionOptions:
+def session_options(threads: int | None, int4_kernel: Path | None = None) -> ort.SessionOptions:
     """The engine's ONNX Runtime settings (a fresh object each call: a session may be opened
-    twice, `ort_cache.py`)."""
+    twice, `ort_cache.py`), with our int4 op's library registered when given."""
     options = ort.SessionOptions()
+    if int4_kernel is not None:
+        register_int4_kernel(options, int4_kernel)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.inter_op_num_threads = 1
@@ -219,7 +228,10 @@ class OnnxCausalLM:
         threads: int | None = None,
         cache_dir: Path | None = None,
         fuse_attention: bool = True,
+        int4_kernel: Path | None = None,
     ) -> None:
+        """`int4_kernel`: our int4 op's library (`int4_kernel.preferred_library()`), or None
+        to run int4 graphs with ONNX Runtime's `MatMulNBits`."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -228,16 +240,23 @@ class OnnxCausalLM:
             raise ModelLoadError(f"{model_file}: missing; not an Optimum ONNX export dir")
         load: Callable[[], str | bytes]
         if _can_edit():
-            load = partial(_graph_source, model_file, self.config, fuse=fuse_attention)
+            load = partial(
+                _graph_source,
+                model_file,
+                self.config,
+                fuse=fuse_attention,
+                int4_kernel=int4_kernel is not None,
+            )
             tag = f"{EDIT_TAG}+{FUSED_TAG}" if fuse_attention else EDIT_TAG
+            tag += f"+{INT4_KERNEL_TAG}" if int4_kernel is not None else ""
         else:
-            load, tag = partial(str, model_file), "as exported"
+            load, tag, int4_kernel = partial(str, model_file), "as exported", None
         try:
             self.session = open_session(
                 path,
                 load,
                 tag=tag,
-                options=partial(session_options, threads),
+                options=partial(session_options, threads, int4_kernel),
                 cache_dir=cache_dir,
             )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types

@@ -32,6 +32,7 @@ class EngineConfig:
     cache_dir: Path | None = field(default_factory=default_cache_dir)
     fused_attention: bool = True  # GroupQueryAttention over a shared KV buffer, where it applies
     prefix_cache_mb: int = 256  # finished conversations' keys/values, per model (0: none)
+    int4_kernel: Path | None = None  # our int4 op's library (int4_kernel.py); None: ORT's
 
     @property
     def limits(self) -> SchedulerLimits:
@@ -76,6 +77,7 @@ def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, Eng
             threads=config.threads,
             cache_dir=config.cache_dir,
             fused_attention=config.fused_attention,
+            int4_kernel=config.int4_kernel,
         )
         for model_id, path in parse_models_spec(spec)
     }

@@ -8,6 +8,7 @@ exactness tests cover is produced by the real Optimum exporter, never by hand.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from api.engine.engine import LocalEngine
 from api.engine.protocol import GenerationOutput, GenerationRequest, SamplingParams
+from api.engine.quantize import Int4Config, quantize_int4, quantize_int8
 from api.engine.scheduler import SchedulerLimits
 from api.engine.sequence import Sequence
 
@@ -74,8 +76,41 @@ class _ExportCache(dict):
         return self[arch]
 
 
+@pytest.fixture(scope="session")
+def tied_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    make_demo = load_make_demo()
+    out = tmp_path_factory.mktemp("tied-qwen2")
+    make_demo.make_export(
+        "qwen2",
+        out,
+        tie_word_embeddings=True,
+        hidden_size=128,
+        head_dim=32,
+        intermediate_size=384,
+        # The usual init std of trained models' configs. A larger one (the exactness tests use
+        # 1.0 for peaked logits) makes a random network chaotic: every small perturbation is
+        # amplified layer by layer, so any quantization would look like noise.
+        initializer_range=0.02,
+    )
+    return out
+
+
+def quantized_copy(source: Path, dest: Path, method: str) -> Path:
+    shutil.copytree(source, dest)
+    if method == "int8":
+        quantize_int8(dest)
+    else:
+        quantize_int4(dest, Int4Config())
+    return dest
+
+
 def make_engine(
-    path: Path, *, cache_dir: Path | None = None, fused_attention: bool = True, **limits: Any
+    path: Path,
+    *,
+    cache_dir: Path | None = None,
+    fused_attention: bool = True,
+    int4_kernel: Path | None = None,
+    **limits: Any,
 ) -> LocalEngine:
     return LocalEngine(
         path.name,
@@ -84,6 +119,7 @@ def make_engine(
         threads=1,
         cache_dir=cache_dir,
         fused_attention=fused_attention,
+        int4_kernel=int4_kernel,
     )
 
 

@@ -11,7 +11,6 @@ continuations that part ways after the first differing token.
 from __future__ import annotations
 
 import random
-import shutil
 from functools import cache
 from pathlib import Path
 
@@ -21,8 +20,8 @@ import onnxruntime as ort
 import pytest
 
 from api.engine.model import OnnxCausalLM
-from api.engine.quantize import Int4Config, head_node, quantize_int4, quantize_int8
-from tests.engine.conftest import load_make_demo
+from api.engine.quantize import head_node
+from tests.engine.conftest import quantized_copy
 
 PROMPTS = 8
 NEW_TOKENS = 24
@@ -30,34 +29,6 @@ NEW_TOKENS = 24
 # leave room for other seeds and ORT versions while still catching a broken head or a wrong
 # block layout.
 MIN_AGREEMENT = {"int8": 0.95, "int4": 0.9}
-
-
-@pytest.fixture(scope="module")
-def tied_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    make_demo = load_make_demo()
-    out = tmp_path_factory.mktemp("tied-qwen2")
-    make_demo.make_export(
-        "qwen2",
-        out,
-        tie_word_embeddings=True,
-        hidden_size=128,
-        head_dim=32,
-        intermediate_size=384,
-        # The usual init std of trained models' configs. A larger one (the exactness tests use
-        # 1.0 for peaked logits) makes a random network chaotic: every small perturbation is
-        # amplified layer by layer, so any quantization would look like noise.
-        initializer_range=0.02,
-    )
-    return out
-
-
-def quantized_copy(source: Path, dest: Path, method: str) -> Path:
-    shutil.copytree(source, dest)
-    if method == "int8":
-        quantize_int8(dest)
-    else:
-        quantize_int4(dest, Int4Config())
-    return dest
 
 
 @cache
