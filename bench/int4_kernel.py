@@ -1,0 +1,114 @@
+"""One int4 projection, ONNX Runtime's `MatMulNBits` against our `Int4MatMul`, by batch rows.
+
+    .venv/bin/python bench/int4_kernel.py [--rows 1,8,64] [--library PATH ...] [--threads 2]
+
+The shapes are a Qwen2.5-0.5B layer's (the engine merges q/k/v and gate/up into one call each):
+896 -> 1152, 896 -> 896, 896 -> 9728 and 4864 -> 896, block 128, accuracy level 4, random
+weights. Each (shape, rows, kernel) is timed in segments that are interleaved round by round, as
+the shared 2-core machine drifts by tens of percent over minutes; the table gives the median
+segment. Several `--library` builds (variants of csrc/int4_matmul.c) are timed side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from api.engine.int4_kernel import DOMAIN, OP_TYPE, default_library  # noqa: E402
+
+SHAPES = {"qkv": (896, 1152), "o": (896, 896), "gate+up": (896, 9728), "down": (4864, 896)}
+BLOCK = 128
+SEGMENT_SECONDS = 0.2
+
+
+def session(k: int, n: int, library: Path | None, threads: int) -> ort.InferenceSession:
+    rng = np.random.default_rng(k * n)
+    blocks = -(-k // BLOCK)
+    packed = rng.integers(0, 256, size=(n, blocks, BLOCK // 2), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.02, size=n * blocks).astype(np.float32)
+    op, domain = (OP_TYPE, DOMAIN) if library else ("MatMulNBits", "com.microsoft")
+    node = helper.make_node(
+        op, ["A", "B", "S"], ["Y"], domain=domain, K=k, N=n, bits=4, block_size=BLOCK
+    )
+    node.attribute.append(helper.make_attribute("accuracy_level", 4))
+    graph = helper.make_graph(
+        [node],
+        "projection",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["rows", k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", n])],
+        [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
+    )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    if library:
+        options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def segment(run: ort.InferenceSession, feed: dict[str, np.ndarray]) -> float:
+    """Mean microseconds per call over about `SEGMENT_SECONDS`."""
+    calls, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < SEGMENT_SECONDS:
+        run.run(None, feed)
+        calls += 1
+    return elapsed / calls * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,2,4,8,16,64,512")
+    parser.add_argument("--library", type=Path, nargs="*", default=[default_library()])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    missing = [p for p in args.library if not p.is_file()]
+    if missing:
+        print(f"no library at {missing[0]}: run `python -m api.engine.int4_build`")
+        return 1
+    kernels: dict[str, Path | None] = {"ORT MatMulNBits": None}
+    kernels |= {f"ours ({p.name})": p for p in args.library}
+    rows = [int(r) for r in args.rows.split(",")]
+    sessions = {
+        (shape, name): session(*SHAPES[shape], library, args.threads)
+        for shape in SHAPES
+        for name, library in kernels.items()
+    }
+    rng = np.random.default_rng(0)
+    feeds = {
+        (s, m): {"A": rng.standard_normal((m, SHAPES[s][0]), np.float32)}
+        for s in SHAPES
+        for m in rows
+    }
+    times: dict[tuple[str, int, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for (shape, name), run in sessions.items():
+            for m in rows:
+                times.setdefault((shape, m, name), []).append(segment(run, feeds[(shape, m)]))
+    print(f"\nus per call, median of {args.rounds} interleaved segments; {args.threads} threads\n")
+    names = list(kernels)
+    print("| projection | rows | " + " | ".join(names) + " | ORT / ours |")
+    print("|---|---:|" + "---:|" * len(names) + "---:|")
+    for shape in SHAPES:
+        for m in rows:
+            medians = [statistics.median(times[(shape, m, name)]) for name in names]
+            cells = " | ".join(f"{t:.1f}" for t in medians)
+            print(f"| {shape} | {m} | {cells} | {medians[0] / min(medians[1:]):.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
