@@ -12,6 +12,7 @@ TOKENSHOP_REQUIRE_INT4_KERNEL is set, as CI sets it.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -147,7 +148,8 @@ def test_served_graph_runs_every_int4_projection_with_our_op(
     make_engine(int4_export, cache_dir=tmp_path, int4_kernel=library)
     (cached,) = tmp_path.glob(f"*/{MODEL_FILE}")
     ops = [node.op_type for node in onnx.load(str(cached), load_external_data=False).graph.node]
-    assert ops.count(OP_TYPE) >= 2  # per layer: merged q/k/v, o, merged gate/up, down
+    layers = json.loads((int4_export / "config.json").read_text())["num_hidden_layers"]
+    assert ops.count(OP_TYPE) == 4 * layers  # merged q/k/v, o, merged gate/up, down
     assert "MatMulNBits" not in ops
 
 

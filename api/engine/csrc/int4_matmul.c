@@ -17,7 +17,7 @@
  * of B multiply the first 32 bytes and the high nibbles the next 32.
  */
 #include <immintrin.h>
-#include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +25,7 @@
 #include "onnxruntime_c_api.h"
 
 #define CHUNK 64      /* weights per 32 bytes of B */
-#define ROW_TILE 4    /* rows that share one unpacked block */
+#define ROW_TILE 4    /* rows that share one unpacked block (the zero-point vector holds 4) */
 #define ROW_PANEL 64  /* rows whose activations stay in cache while a column strip passes */
 #define COLUMN_STRIP 16
 #define PREFETCH_AHEAD 2048 /* bytes of B ahead of the block being read */
@@ -36,11 +36,13 @@ typedef struct {
   int64_t k, n, block;
 } Int4Kernel;
 
+/* Block-major, so that one pointer each walks a tile of rows through the blocks: with a
+ * pointer per row, a tile's addressing spilled general registers and took twice the time. */
 typedef struct {
-  int8_t *q;        /* [rows][padded_k], in the even/odd order above */
-  float *scales;    /* [rows][blocks] */
-  int32_t *offsets; /* [rows][blocks][8]: lane 0 holds 8 * sum(q) of the block, others 0 */
-  int64_t rows, padded_k, blocks, block;
+  int8_t *q;           /* [blocks][rows][block], in the even/odd order above */
+  float *scales;       /* [blocks][rows], then ROW_TILE floats of padding */
+  float *corrections;  /* [blocks][rows] scale * 8 * sum(q): the zero point's share; padded */
+  int64_t rows, blocks, block;
 } QuantizedRows;
 
 typedef struct {
@@ -89,10 +91,10 @@ __attribute__((target("avx2,fma"))) static inline int32_t sum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-/* One block of `block` floats (zero-padded past `valid`) -> int8, its scale and offset. */
+/* One block of `block` floats (zero-padded past `valid`) -> int8, its scale and correction. */
 __attribute__((target("avx2,fma"))) static void quantize_block(const float *x, int64_t valid,
                                                              int64_t block, int8_t *q,
-                                                             float *scale, int32_t *offset) {
+                                                             float *scale, float *correction) {
   float padded[CHUNK];
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps();
@@ -133,8 +135,7 @@ __attribute__((target("avx2,fma"))) static void quantize_block(const float *x, i
     _mm256_storeu_si256((__m256i *)(q + c + 32), pack32(odd[0], odd[1], odd[2], odd[3]));
   }
   *scale = d;
-  memset(offset, 0, 8 * sizeof(int32_t));
-  offset[0] = 8 * sum_epi32(total);
+  *correction = d * 8.0f * (float)sum_epi32(total);
 }
 
 static void quantize_row(void *data, size_t row) {
@@ -144,9 +145,9 @@ static void quantize_row(void *data, size_t row) {
   for (int64_t b = 0; b < r->blocks; b++) {
     int64_t start = b * r->block;
     int64_t valid = task->k - start < r->block ? task->k - start : r->block;
-    quantize_block(x + start, valid, r->block, r->q + (int64_t)row * r->padded_k + start,
-                   r->scales + (int64_t)row * r->blocks + b,
-                   r->offsets + ((int64_t)row * r->blocks + b) * 8);
+    int64_t at = b * r->rows + (int64_t)row;
+    quantize_block(x + start, valid, r->block, r->q + at * r->block, r->scales + at,
+                   r->corrections + at);
   }
 }
 
@@ -161,24 +162,20 @@ __attribute__((target("avx2,fma"))) static inline float sum_ps(__m256 v) {
 
 /* y[m] = sum over blocks of scale_a * scale_b * (q_a . q_b - 8 * sum(q_a)), for `tile` rows.
  * Inlined with constant `tile` and `chunks` (64-weight chunks per block, at most 4 so that the
- * int16 sums cannot overflow) so the loops unroll and the accumulators live in registers. */
+ * int16 sums cannot overflow) so the loops unroll and the accumulators live in registers. The
+ * zero point's share, scale_b * corrections, is summed for the tile's rows in one vector. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void column_tile(
     const QuantizedRows *r, int64_t row0, int tile, int chunks, const uint8_t *b,
     const float *bscale, float *y, int64_t ystride) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  const int64_t block = r->block, blocks = r->blocks, padded_k = r->padded_k;
-  const int8_t *qa[ROW_TILE];
-  const float *sa[ROW_TILE];
-  const int32_t *offsets[ROW_TILE];
+  const int64_t block = r->block, rows = r->rows;
+  const int8_t *qa = r->q + row0 * block;
+  const float *sa = r->scales + row0, *corrections = r->corrections + row0;
   __m256 acc[ROW_TILE];
-  for (int m = 0; m < tile; m++) {
-    qa[m] = r->q + (row0 + m) * padded_k;
-    sa[m] = r->scales + (row0 + m) * blocks;
-    offsets[m] = r->offsets + (row0 + m) * blocks * 8;
-    acc[m] = _mm256_setzero_ps();
-  }
-  for (int64_t blk = 0; blk < blocks; blk++) {
+  __m128 zero_point = _mm_setzero_ps();
+  for (int m = 0; m < tile; m++) acc[m] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < r->blocks; blk++) {
     const uint8_t *bb = b + blk * (block / 2);
     _mm_prefetch((const char *)(bb + PREFETCH_AHEAD), _MM_HINT_T0);
     __m256i lo[4], hi[4];
@@ -188,8 +185,9 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void column_til
       hi[c] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
     }
     const __m256 sb = _mm256_set1_ps(bscale[blk]);
+    zero_point = _mm_fmadd_ps(_mm256_castps256_ps128(sb), _mm_loadu_ps(corrections), zero_point);
     for (int m = 0; m < tile; m++) {
-      const int8_t *a = qa[m] + blk * block;
+      const int8_t *a = qa + m * block;
       __m256i dot = _mm256_setzero_si256();
       for (int c = 0; c < chunks; c++) {
         __m256i p = _mm256_maddubs_epi16(lo[c], _mm256_loadu_si256((const __m256i *)(a + 64 * c)));
@@ -197,12 +195,16 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void column_til
             _mm256_maddubs_epi16(hi[c], _mm256_loadu_si256((const __m256i *)(a + 64 * c + 32)));
         dot = _mm256_add_epi16(dot, _mm256_add_epi16(p, p2));
       }
-      __m256i offset = _mm256_load_si256((const __m256i *)(offsets[m] + blk * 8));
-      __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(dot, ones), offset));
-      acc[m] = _mm256_fmadd_ps(v, _mm256_mul_ps(sb, _mm256_broadcast_ss(sa[m] + blk)), acc[m]);
+      __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, ones));
+      acc[m] = _mm256_fmadd_ps(v, _mm256_mul_ps(sb, _mm256_broadcast_ss(sa + m)), acc[m]);
     }
+    qa += rows * block;
+    sa += rows;
+    corrections += rows;
   }
-  for (int m = 0; m < tile; m++) y[m * ystride] = sum_ps(acc[m]);
+  float shares[4];
+  _mm_storeu_ps(shares, zero_point);
+  for (int m = 0; m < tile; m++) y[m * ystride] = sum_ps(acc[m]) - shares[m];
 }
 
 /* Every row from row0 on against one column, in tiles; `chunks` as in column_tile. */
@@ -292,11 +294,11 @@ static OrtStatus *allocate_rows(QuantizedRows *r, int64_t rows, const Int4Kernel
   r->rows = rows;
   r->block = k->block;
   r->blocks = (k->k + k->block - 1) / k->block;
-  r->padded_k = r->blocks * k->block;
-  r->q = aligned_alloc(64, round64((size_t)(rows * r->padded_k)));
-  r->scales = malloc((size_t)(rows * r->blocks) * sizeof(float));
-  r->offsets = aligned_alloc(64, round64((size_t)(rows * r->blocks * 8) * sizeof(int32_t)));
-  if (r->q == NULL || r->scales == NULL || r->offsets == NULL)
+  size_t entries = (size_t)(rows * r->blocks) + ROW_TILE; /* a tile's vector reads past the end */
+  r->q = aligned_alloc(64, round64((size_t)(rows * r->blocks * r->block)));
+  r->scales = calloc(entries, sizeof(float));
+  r->corrections = calloc(entries, sizeof(float));
+  if (r->q == NULL || r->scales == NULL || r->corrections == NULL)
     return g_api->CreateStatus(ORT_FAIL, "Int4MatMul: out of memory");
   return NULL;
 }
@@ -304,7 +306,7 @@ static OrtStatus *allocate_rows(QuantizedRows *r, int64_t rows, const Int4Kernel
 static void free_rows(QuantizedRows *r) {
   free(r->q);
   free(r->scales);
-  free(r->offsets);
+  free(r->corrections);
 }
 
 static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context) {
@@ -414,6 +416,8 @@ static int ORT_API_CALL end_version(const OrtCustomOp *op) {
 
 static OrtCustomOp g_op;
 static OrtCustomOpDomain *g_domain;
+static OrtStatus *g_domain_error;
+static pthread_once_t g_domain_once = PTHREAD_ONCE_INIT;
 
 /* Whether this CPU runs the kernel: the engine asks before it edits a graph to use it. */
 int tokenshop_int4_supported(void) {
@@ -421,30 +425,35 @@ int tokenshop_int4_supported(void) {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+/* Once per process: every session shares the op and its domain, which live as long as it. */
+static void make_domain(void) {
+  g_op.version = ORT_API_VERSION;
+  g_op.GetName = op_name;
+  g_op.GetExecutionProviderType = op_provider;
+  g_op.GetInputType = input_type;
+  g_op.GetInputTypeCount = input_count;
+  g_op.GetOutputType = output_type;
+  g_op.GetOutputTypeCount = output_count;
+  g_op.KernelDestroy = destroy_kernel;
+  g_op.GetInputCharacteristic = required;
+  g_op.GetOutputCharacteristic = required;
+  g_op.GetInputMemoryType = memory_type;
+  g_op.CreateKernelV2 = create_kernel;
+  g_op.KernelComputeV2 = compute;
+  g_op.GetStartVersion = start_version;
+  g_op.GetEndVersion = end_version;
+  g_domain_error = g_api->CreateCustomOpDomain("tokenshop", &g_domain);
+  if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op);
+}
+
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
   g_api = base->GetApi(ORT_API_VERSION);
   if (g_api == NULL) return NULL; /* an ONNX Runtime older than our header: cannot say why */
   if (!tokenshop_int4_supported())
     return g_api->CreateStatus(ORT_FAIL, "Int4MatMul: this CPU lacks AVX2 and FMA");
-  if (g_domain == NULL) {
-    memset(&g_op, 0, sizeof(g_op));
-    g_op.version = ORT_API_VERSION;
-    g_op.GetName = op_name;
-    g_op.GetExecutionProviderType = op_provider;
-    g_op.GetInputType = input_type;
-    g_op.GetInputTypeCount = input_count;
-    g_op.GetOutputType = output_type;
-    g_op.GetOutputTypeCount = output_count;
-    g_op.KernelDestroy = destroy_kernel;
-    g_op.GetInputCharacteristic = required;
-    g_op.GetOutputCharacteristic = required;
-    g_op.GetInputMemoryType = memory_type;
-    g_op.CreateKernelV2 = create_kernel;
-    g_op.KernelComputeV2 = compute;
-    g_op.GetStartVersion = start_version;
-    g_op.GetEndVersion = end_version;
-    RETURN_IF_ERROR(g_api->CreateCustomOpDomain("tokenshop", &g_domain));
-    RETURN_IF_ERROR(g_api->CustomOpDomain_Add(g_domain, &g_op));
-  }
+  pthread_once(&g_domain_once, make_domain);
+  if (g_domain_error != NULL)
+    return g_api->CreateStatus(g_api->GetErrorCode(g_domain_error),
+                               g_api->GetErrorMessage(g_domain_error));
   return g_api->AddCustomOpDomain(options, g_domain);
 }
