@@ -51,9 +51,17 @@ def runs_here(library: Path) -> bool:
 def preferred_library(library: Path | None = None) -> Path | None:
     """The library to serve int4 graphs with on this machine, or None for ONNX Runtime's."""
     library = library or default_library()
-    if not library.is_file() or not runs_here(library) or _has_vnni():
-        return None
-    return library
+    if not library.is_file():
+        reason = f"{library} is not built (python -m api.engine.int4_build)"
+    elif not runs_here(library):
+        reason = "this CPU lacks AVX2/FMA"
+    elif _has_vnni():
+        reason = "this CPU has VNNI, which ONNX Runtime's kernel uses"
+    else:
+        log.info("int4 projections run on our kernel (%s)", library)
+        return library
+    log.info("int4 projections run on ONNX Runtime's MatMulNBits: %s", reason)
+    return None
 
 
 def _has_vnni() -> bool:

@@ -22,7 +22,15 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from api.engine.int4_kernel import DOMAIN, OP_TYPE, default_library, runs_here, use_int4_kernel
+from api.engine import int4_kernel
+from api.engine.int4_kernel import (
+    DOMAIN,
+    OP_TYPE,
+    default_library,
+    preferred_library,
+    runs_here,
+    use_int4_kernel,
+)
 from api.engine.ort_cache import MODEL_FILE
 from tests.engine.conftest import greedy, make_engine, quantized_copy, run_steps
 from tests.engine.test_fused_attention import prefill_and_decode
@@ -188,3 +196,13 @@ def test_batched_sequences_get_the_tokens_of_onnx_runtime_kernel(
     total = sum(len(ids) for ids in tokens[1].values())
     print(f"int4 tokens equal to ONNX Runtime's kernel: {same}/{total}")
     assert total == 6 * 12 and same >= 0.95 * total
+
+
+def test_our_kernel_is_chosen_only_where_it_is_built_and_the_cpu_lacks_vnni(
+    library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert preferred_library(tmp_path / "missing.so") is None
+    monkeypatch.setattr(int4_kernel, "_has_vnni", lambda: True)
+    assert preferred_library(library) is None
+    monkeypatch.setattr(int4_kernel, "_has_vnni", lambda: False)
+    assert preferred_library(library) == library
