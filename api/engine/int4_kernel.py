@@ -80,25 +80,66 @@ def register(options: ort.SessionOptions, library: Path) -> None:
 def use_int4_kernel(model: onnx.ModelProto) -> int:
     """Turn every `MatMulNBits` node the op covers into an `Int4MatMul`, in place; how many.
 
-    Covered: 4 bits, symmetric (no zero points, so zero point 8), no group index or bias input,
-    a block size in `BLOCK_SIZES`. The inputs and attributes are the same, so only the node's
-    name and domain change."""
+    Covered: 4 bits, fp32, symmetric (no zero points, so zero point 8), no group index or bias
+    input, a block size in `BLOCK_SIZES`. The inputs and attributes are the same, so only the
+    node's name and domain change; a bias `Add` right behind it becomes its fourth input (ONNX
+    Runtime folds one into `MatMulNBits` itself, not into a custom op: measured, the 24 Adds
+    of a Qwen2.5-0.5B step took 0.9 ms of one sequence's 21)."""
     from onnx import helper
 
+    graph = model.graph
+    constants = _constants(graph)
     changed = 0
-    for node in model.graph.node:
-        if node.op_type == "MatMulNBits" and _covered(node):
+    for node in list(graph.node):
+        if node.op_type == "MatMulNBits" and _covered(node, constants):
             node.op_type, node.domain = OP_TYPE, DOMAIN
+            _fold_bias(graph, node, constants)
             changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return changed
 
 
-def _covered(node: onnx.NodeProto) -> bool:
+def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Initializers by name, and what an `Identity` or a `Concat` of them stands for (its first
+    input's tensor: enough to read the dtype and rank; merged projections concatenate)."""
+    constants = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type in ("Identity", "Concat") and all(i in constants for i in node.input):
+            constants[node.output[0]] = constants[node.input[0]]
+    return constants
+
+
+def _covered(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> bool:
+    from onnx import TensorProto
+
     attributes = {a.name: a.i for a in node.attribute}
+    scales = constants.get(node.input[2]) if len(node.input) == 3 else None
     return (
-        len(node.input) == 3
+        scales is not None
+        and scales.data_type == TensorProto.FLOAT
         and attributes.get("bits", 4) == 4
         and attributes.get("block_size") in BLOCK_SIZES
     )
+
+
+def _fold_bias(
+    graph: onnx.GraphProto, node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]
+) -> None:
+    """Make a constant vector `Add` that alone reads `node`'s output the node's fourth input."""
+    from onnx import TensorProto
+
+    output = node.output[0]
+    readers = [n for n in graph.node if output in n.input]
+    if len(readers) != 1 or readers[0].op_type != "Add" or output in {o.name for o in graph.output}:
+        return
+    add = readers[0]
+    bias = add.input[1] if add.input[0] == output else add.input[0]
+    vector = constants.get(bias)
+    if vector is None or len(vector.dims) != 1 or vector.data_type != TensorProto.FLOAT:
+        return
+    node.input.append(bias)
+    node.output[0] = add.output[0]
+    graph.node.remove(node)  # into the Add's place: a merged bias is made after the node
+    graph.node.insert(list(graph.node).index(add), node)
+    graph.node.remove(add)

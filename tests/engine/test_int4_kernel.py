@@ -59,12 +59,18 @@ def packed_weights(k: int, n: int, block: int, seed: int) -> tuple[np.ndarray, n
 
 
 def matmul_session(
-    op: str, domain: str, k: int, n: int, block: int, rank: int, library: Path
+    op: str,
+    domain: str,
+    k: int,
+    n: int,
+    block: int,
+    rank: int,
+    library: Path,
+    bias: np.ndarray | None = None,
 ) -> ort.InferenceSession:
     b, scales = packed_weights(k, n, block, seed=k + n + block)
-    node = helper.make_node(
-        op, ["A", "B", "scales"], ["Y"], domain=domain, K=k, N=n, bits=4, block_size=block
-    )
+    inputs = ["A", "B", "scales"] + (["bias"] if bias is not None else [])
+    node = helper.make_node(op, inputs, ["Y"], domain=domain, K=k, N=n, bits=4, block_size=block)
     node.attribute.append(helper.make_attribute("accuracy_level", 4))
     leading = ["d0", "d1"][: rank - 1]
     graph = helper.make_graph(
@@ -72,7 +78,8 @@ def matmul_session(
         "matmul",
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, [*leading, k])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*leading, n])],
-        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")],
+        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
+        + ([numpy_helper.from_array(bias, "bias")] if bias is not None else []),
     )
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
     options = ort.SessionOptions()
@@ -121,6 +128,12 @@ def test_op_is_close_to_the_float_product(library: Path) -> None:
     assert np.abs(got - want).max() < 0.01 * np.abs(want).max()
 
 
+def nbits_graph(nodes: list[onnx.NodeProto], scales: dict[str, np.ndarray]) -> onnx.ModelProto:
+    initializers = [numpy_helper.from_array(value, name) for name, value in scales.items()]
+    graph = helper.make_graph(nodes, "g", [], [], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
 def nbits_node(name: str, inputs: int = 3, **attributes: int) -> onnx.NodeProto:
     names = ["x", f"{name}.B", f"{name}.scales", f"{name}.zero_points"][:inputs]
     defaults = {"K": 128, "N": 64, "bits": 4, "block_size": 128} | attributes
@@ -129,20 +142,51 @@ def nbits_node(name: str, inputs: int = 3, **attributes: int) -> onnx.NodeProto:
     )
 
 
-def test_graph_edit_takes_symmetric_int4_nodes_only() -> None:
+def test_graph_edit_takes_fp32_symmetric_int4_nodes_only() -> None:
     nodes = [
         nbits_node("symmetric"),
         nbits_node("zero_points", inputs=4),
         nbits_node("block32", block_size=32),
         nbits_node("eight_bit", bits=8),
+        nbits_node("fp16"),
     ]
-    graph = helper.make_graph(nodes, "g", [], [])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    scales = {f"{n.name}.scales": np.ones(64, np.float32) for n in nodes}
+    scales["fp16.scales"] = np.ones(64, np.float16)
+    model = nbits_graph(nodes, scales)
     assert use_int4_kernel(model) == 1
     ops = {node.name: (node.domain, node.op_type) for node in model.graph.node}
     assert ops["symmetric"] == (DOMAIN, OP_TYPE)
-    assert {ops[n][1] for n in ("zero_points", "block32", "eight_bit")} == {"MatMulNBits"}
+    assert {ops[n][1] for n in ("zero_points", "block32", "eight_bit", "fp16")} == {"MatMulNBits"}
     assert any(o.domain == DOMAIN for o in model.opset_import)
+
+
+def test_graph_edit_folds_a_bias_add_into_the_op() -> None:
+    """q/k/v as merged: the bias is a Concat of vectors, made after the projection."""
+    nodes = [
+        nbits_node("merged"),
+        helper.make_node("Concat", ["q.bias", "kv.bias"], ["bias"], axis=0),
+        helper.make_node("Add", ["merged", "bias"], ["biased"]),
+        helper.make_node("Split", ["biased"], ["q", "kv"], axis=-1, num_outputs=2),
+    ]
+    vectors = {"q.bias": np.ones(32, np.float32), "kv.bias": np.ones(32, np.float32)}
+    model = nbits_graph(nodes, {"merged.scales": np.ones(64, np.float32)} | vectors)
+    assert use_int4_kernel(model) == 1
+    ops = [(node.op_type, list(node.input), list(node.output)) for node in model.graph.node]
+    assert ops == [
+        ("Concat", ["q.bias", "kv.bias"], ["bias"]),
+        (OP_TYPE, ["x", "merged.B", "merged.scales", "bias"], ["biased"]),
+        ("Split", ["biased"], ["q", "kv"]),
+    ]
+
+
+def test_op_adds_its_bias(library: Path) -> None:
+    k, n, block = 256, 40, 128
+    bias = np.linspace(-1, 1, n, dtype=np.float32)
+    ours = matmul_session(OP_TYPE, DOMAIN, k, n, block, 2, library, bias=bias)
+    theirs = matmul_session("MatMulNBits", "com.microsoft", k, n, block, 2, library)
+    a = np.random.default_rng(9).standard_normal((3, k)).astype(np.float32)
+    got, want = (s.run(None, {"A": a})[0] for s in (ours, theirs))
+    np.testing.assert_allclose(got, want + bias, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +199,13 @@ def test_served_graph_runs_every_int4_projection_with_our_op(
 ) -> None:
     make_engine(int4_export, cache_dir=tmp_path, int4_kernel=library)
     (cached,) = tmp_path.glob(f"*/{MODEL_FILE}")
-    ops = [node.op_type for node in onnx.load(str(cached), load_external_data=False).graph.node]
+    nodes = onnx.load(str(cached), load_external_data=False).graph.node
+    ops = [node.op_type for node in nodes]
     layers = json.loads((int4_export / "config.json").read_text())["num_hidden_layers"]
     assert ops.count(OP_TYPE) == 4 * layers  # merged q/k/v, o, merged gate/up, down
     assert "MatMulNBits" not in ops
+    biased = [node for node in nodes if node.op_type == OP_TYPE and len(node.input) == 4]
+    assert len(biased) == layers  # qwen2's q/k/v biases, folded into the op
 
 
 def test_engine_logits_equal_onnx_runtime_kernel(library: Path, int4_export: Path) -> None:

@@ -7,7 +7,8 @@
  * its activations against weights already unpacked into registers.
  *
  * Inputs and attributes are MatMulNBits' own (A, B, scales; K, N, block_size, bits), so the
- * engine's graph edit only renames the node. Supported: bits 4, no zero points (the quantizer's
+ * engine's graph edit only renames the node; a fourth, optional input is a bias, which the edit
+ * takes from an Add behind the node. Supported: bits 4, no zero points (the quantizer's
  * symmetric mode: zero point 8), block_size 64, 128 or 256. The activations are quantized to
  * int8 per block, as ORT's accuracy_level 4 does; everything else is exact integer arithmetic.
  *
@@ -55,6 +56,7 @@ typedef struct {
   const QuantizedRows *rows;
   const uint8_t *b;
   const float *scales;
+  const float *bias; /* [n], or NULL */
   float *y;
   int64_t n;
 } MatMulTask;
@@ -166,7 +168,7 @@ __attribute__((target("avx2,fma"))) static inline float sum_ps(__m256 v) {
  * zero point's share, scale_b * corrections, is summed for the tile's rows in one vector. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void column_tile(
     const QuantizedRows *r, int64_t row0, int tile, int chunks, const uint8_t *b,
-    const float *bscale, float *y, int64_t ystride) {
+    const float *bscale, float bias, float *y, int64_t ystride) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   const int64_t block = r->block, rows = r->rows;
@@ -204,20 +206,20 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void column_til
   }
   float shares[4];
   _mm_storeu_ps(shares, zero_point);
-  for (int m = 0; m < tile; m++) y[m * ystride] = sum_ps(acc[m]) - shares[m];
+  for (int m = 0; m < tile; m++) y[m * ystride] = sum_ps(acc[m]) - shares[m] + bias;
 }
 
 /* Every row from row0 on against one column, in tiles; `chunks` as in column_tile. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void column_rows_of(
     const QuantizedRows *r, int64_t row0, int64_t rows, int chunks, const uint8_t *b,
-    const float *bscale, float *y, int64_t ystride) {
+    const float *bscale, float bias, float *y, int64_t ystride) {
   int64_t m = 0;
   for (; m + ROW_TILE <= rows; m += ROW_TILE)
-    column_tile(r, row0 + m, ROW_TILE, chunks, b, bscale, y + m * ystride, ystride);
+    column_tile(r, row0 + m, ROW_TILE, chunks, b, bscale, bias, y + m * ystride, ystride);
   switch (rows - m) {
-    case 3: column_tile(r, row0 + m, 3, chunks, b, bscale, y + m * ystride, ystride); break;
-    case 2: column_tile(r, row0 + m, 2, chunks, b, bscale, y + m * ystride, ystride); break;
-    case 1: column_tile(r, row0 + m, 1, chunks, b, bscale, y + m * ystride, ystride); break;
+    case 3: column_tile(r, row0 + m, 3, chunks, b, bscale, bias, y + m * ystride, ystride); break;
+    case 2: column_tile(r, row0 + m, 2, chunks, b, bscale, bias, y + m * ystride, ystride); break;
+    case 1: column_tile(r, row0 + m, 1, chunks, b, bscale, bias, y + m * ystride, ystride); break;
     default: break;
   }
 }
@@ -225,11 +227,11 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void column_row
 __attribute__((target("avx2,fma"))) static void column_rows(const QuantizedRows *r,
                                                           int64_t row0, int64_t rows,
                                                           const uint8_t *b, const float *bscale,
-                                                          float *y, int64_t ystride) {
+                                                          float bias, float *y, int64_t ystride) {
   switch (r->block / CHUNK) {
-    case 1: column_rows_of(r, row0, rows, 1, b, bscale, y, ystride); break;
-    case 2: column_rows_of(r, row0, rows, 2, b, bscale, y, ystride); break;
-    case 4: column_rows_of(r, row0, rows, 4, b, bscale, y, ystride); break;
+    case 1: column_rows_of(r, row0, rows, 1, b, bscale, bias, y, ystride); break;
+    case 2: column_rows_of(r, row0, rows, 2, b, bscale, bias, y, ystride); break;
+    case 4: column_rows_of(r, row0, rows, 4, b, bscale, bias, y, ystride); break;
     default: break; /* refused when the kernel is created */
   }
 }
@@ -244,7 +246,8 @@ static void multiply_strip(void *data, size_t strip) {
     int64_t rows = r->rows - row0 < ROW_PANEL ? r->rows - row0 : ROW_PANEL;
     for (int64_t n = first; n < last; n++)
       column_rows(r, row0, rows, task->b + n * column_bytes, task->scales + n * r->blocks,
-                  task->y + row0 * task->n + n, task->n);
+                  task->bias != NULL ? task->bias[n] : 0.0f, task->y + row0 * task->n + n,
+                  task->n);
   }
 }
 
@@ -285,6 +288,16 @@ static OrtStatus *input_data(OrtKernelContext *context, size_t index, const void
   const OrtValue *value;
   RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
   return g_api->GetTensorMutableData((OrtValue *)value, (void **)data);
+}
+
+/* An optional input's data, or NULL when the node leaves it out. */
+static OrtStatus *optional_input_data(OrtKernelContext *context, size_t index, const void **data) {
+  size_t count;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
+  const OrtValue *value = NULL;
+  if (index < count) RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  *data = NULL;
+  return value == NULL ? NULL : g_api->GetTensorMutableData((OrtValue *)value, (void **)data);
 }
 
 /* aligned_alloc takes a multiple of the alignment */
@@ -338,6 +351,8 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   RETURN_IF_ERROR(input_data(context, 0, (const void **)&a));
   RETURN_IF_ERROR(input_data(context, 1, (const void **)&b));
   RETURN_IF_ERROR(input_data(context, 2, (const void **)&scales));
+  const float *bias = NULL;
+  RETURN_IF_ERROR(optional_input_data(context, 3, (const void **)&bias));
 
   QuantizedRows r;
   status = allocate_rows(&r, rows, k);
@@ -346,7 +361,7 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
     status = g_api->KernelContext_ParallelFor(context, quantize_row, (size_t)rows, 0, &quantize);
   }
   if (status == NULL) {
-    MatMulTask multiply = {&r, b, scales, y, k->n};
+    MatMulTask multiply = {&r, b, scales, bias, y, k->n};
     size_t strips = (size_t)((k->n + COLUMN_STRIP - 1) / COLUMN_STRIP);
     status = g_api->KernelContext_ParallelFor(context, multiply_strip, strips, 0, &multiply);
   }
@@ -377,7 +392,7 @@ static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, 
 
 static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
   (void)op;
-  return 3;
+  return 4; /* A, B, scales, and an optional bias */
 }
 
 static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
@@ -391,8 +406,14 @@ static size_t ORT_API_CALL output_count(const OrtCustomOp *op) {
   return 1;
 }
 
-static OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp *op,
-                                                                   size_t index) {
+static OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_characteristic(
+    const OrtCustomOp *op, size_t index) {
+  (void)op;
+  return index == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
+
+static OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_characteristic(
+    const OrtCustomOp *op, size_t index) {
   (void)op;
   (void)index;
   return INPUT_OUTPUT_REQUIRED;
@@ -435,8 +456,8 @@ static void make_domain(void) {
   g_op.GetOutputType = output_type;
   g_op.GetOutputTypeCount = output_count;
   g_op.KernelDestroy = destroy_kernel;
-  g_op.GetInputCharacteristic = required;
-  g_op.GetOutputCharacteristic = required;
+  g_op.GetInputCharacteristic = input_characteristic;
+  g_op.GetOutputCharacteristic = output_characteristic;
   g_op.GetInputMemoryType = memory_type;
   g_op.CreateKernelV2 = create_kernel;
   g_op.KernelComputeV2 = compute;
