@@ -1,9 +1,10 @@
 """Our 4-bit matrix multiply (`csrc/int4_matmul.c`) in place of ONNX Runtime's `MatMulNBits`.
 
-ONNX Runtime's kernel pays nearly a full row's time for every extra row of a batch on CPUs
-without VNNI: one 896 x 4864 int4 projection, block 128, 2 threads on an AVX2 AMD EPYC, took
-~125 us for 1 row and ~540 us for 8 (a decode step of 8 streams). Ours unpacks each weight block
-once and multiplies it with every row: ~125 us and ~420 us there (`bench/int4_kernel.py`).
+ONNX Runtime's kernel pays most of a row's time again for every extra row of a batch on CPUs
+without VNNI: a Qwen2.5-0.5B layer's merged gate/up projection (896 x 9728, block 128, 2
+threads, AVX2 AMD EPYC) took 324 us for 1 row and 1096 us for 8 (a decode step of 8 streams).
+Ours unpacks each weight block once and multiplies it with up to four rows: 312 and 690 us
+there (`bench/int4_kernel.py`); an 8-sequence decode step of the whole model, 64.9 -> 47.1 ms.
 
 It is a custom op library, built from source at install (`api/engine/int4_build.py`), so it may
 be absent: then, or where the CPU has VNNI (ONNX Runtime's kernel has a VNNI path there and ours
