@@ -101,31 +101,44 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
     return changed
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    """Initializers by name, and what an `Identity` or a `Concat` of them stands for (its first
-    input's tensor: enough to read the dtype and rank; merged projections concatenate)."""
-    constants = {init.name: init for init in graph.initializer}
+def _constants(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """(dtype, shape) of every initializer, and of what an `Identity` or a `Concat` of them
+    makes (merged projections concatenate their weights, scales and biases)."""
+    from onnx import helper
+
+    constants = {init.name: (init.data_type, tuple(init.dims)) for init in graph.initializer}
     for node in graph.node:
-        if node.op_type in ("Identity", "Concat") and all(i in constants for i in node.input):
-            constants[node.output[0]] = constants[node.input[0]]
+        if node.op_type not in ("Identity", "Concat") or not node.input:
+            continue
+        if not all(name in constants for name in node.input):
+            continue
+        parts = [constants[name] for name in node.input]
+        dtype, shape = parts[0]
+        if node.op_type == "Concat":
+            axis = next((helper.get_attribute_value(a) for a in node.attribute), 0) % len(shape)
+            size = sum(part[1][axis] for part in parts)
+            shape = (*shape[:axis], size, *shape[axis + 1 :])
+        constants[node.output[0]] = (dtype, shape)
     return constants
 
 
-def _covered(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> bool:
+def _covered(node: onnx.NodeProto, constants: dict[str, tuple[int, tuple[int, ...]]]) -> bool:
     from onnx import TensorProto
 
     attributes = {a.name: a.i for a in node.attribute}
     scales = constants.get(node.input[2]) if len(node.input) == 3 else None
     return (
         scales is not None
-        and scales.data_type == TensorProto.FLOAT
+        and scales[0] == TensorProto.FLOAT
         and attributes.get("bits", 4) == 4
         and attributes.get("block_size") in BLOCK_SIZES
     )
 
 
 def _fold_bias(
-    graph: onnx.GraphProto, node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]
+    graph: onnx.GraphProto,
+    node: onnx.NodeProto,
+    constants: dict[str, tuple[int, tuple[int, ...]]],
 ) -> None:
     """Make a constant vector `Add` that alone reads `node`'s output the node's fourth input."""
     from onnx import TensorProto
@@ -136,8 +149,8 @@ def _fold_bias(
         return
     add = readers[0]
     bias = add.input[1] if add.input[0] == output else add.input[0]
-    vector = constants.get(bias)
-    if vector is None or len(vector.dims) != 1 or vector.data_type != TensorProto.FLOAT:
+    width = next(a.i for a in node.attribute if a.name == "N")
+    if constants.get(bias) != (TensorProto.FLOAT, (width,)):  # not a broadcast [1], say
         return
     node.input.append(bias)
     node.output[0] = add.output[0]

@@ -179,6 +179,14 @@ def test_graph_edit_folds_a_bias_add_into_the_op() -> None:
     ]
 
 
+def test_graph_edit_leaves_an_add_that_broadcasts() -> None:
+    nodes = [nbits_node("projection"), helper.make_node("Add", ["projection", "one"], ["sum"])]
+    scales = {"projection.scales": np.ones(64, np.float32), "one": np.ones(1, np.float32)}
+    model = nbits_graph(nodes, scales)
+    assert use_int4_kernel(model) == 1
+    assert [node.op_type for node in model.graph.node] == [OP_TYPE, "Add"]
+
+
 def test_op_adds_its_bias(library: Path) -> None:
     k, n, block = 256, 40, 128
     bias = np.linspace(-1, 1, n, dtype=np.float32)
@@ -253,3 +261,26 @@ def test_our_kernel_is_chosen_only_where_it_is_built_and_the_cpu_lacks_vnni(
     assert preferred_library(library) is None
     monkeypatch.setattr(int4_kernel, "_has_vnni", lambda: False)
     assert preferred_library(library) == library
+
+
+def test_weights_that_do_not_match_the_attributes_are_refused_not_read_past(
+    library: Path,
+) -> None:
+    b, scales = packed_weights(128, 40, 128, seed=1)
+    node = helper.make_node(
+        OP_TYPE, ["A", "B", "scales"], ["Y"], domain=DOMAIN, K=128, N=48, bits=4, block_size=128
+    )
+    graph = helper.make_graph(
+        [node],
+        "wrong_n",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["rows", 128])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", 48])],
+        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)]
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(library))
+    model = helper.make_model(graph, opset_imports=opsets).SerializeToString()
+    session = ort.InferenceSession(model, options, ["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="does not match K, N, block_size"):
+        session.run(None, {"A": np.ones((2, 128), np.float32)})
