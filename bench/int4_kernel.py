@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.engine.int4_kernel import DOMAIN, OP_TYPE, default_library  # noqa: E402
+from api.engine.int4_kernel import default_library, use_int4_kernel  # noqa: E402
 
 SHAPES = {"qkv": (896, 1152), "o": (896, 896), "gate+up": (896, 9728), "down": (4864, 896)}
 BLOCK = 128
@@ -36,9 +36,15 @@ def session(k: int, n: int, library: Path | None, threads: int) -> ort.Inference
     blocks = -(-k // BLOCK)
     packed = rng.integers(0, 256, size=(n, blocks, BLOCK // 2), dtype=np.uint8)
     scales = rng.uniform(0.001, 0.02, size=n * blocks).astype(np.float32)
-    op, domain = (OP_TYPE, DOMAIN) if library else ("MatMulNBits", "com.microsoft")
     node = helper.make_node(
-        op, ["A", "B", "S"], ["Y"], domain=domain, K=k, N=n, bits=4, block_size=BLOCK
+        "MatMulNBits",
+        ["A", "B", "S"],
+        ["Y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=BLOCK,
     )
     node.attribute.append(helper.make_attribute("accuracy_level", 4))
     graph = helper.make_graph(
@@ -49,8 +55,10 @@ def session(k: int, n: int, library: Path | None, threads: int) -> ort.Inference
         [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")],
     )
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
     )
+    if library:
+        use_int4_kernel(model)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")

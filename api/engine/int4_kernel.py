@@ -1,15 +1,15 @@
 """Our 4-bit matrix multiply (`csrc/int4_matmul.c`) in place of ONNX Runtime's `MatMulNBits`.
 
-ONNX Runtime's kernel pays most of a row's time again for every extra row of a batch on CPUs
-without VNNI: a Qwen2.5-0.5B layer's merged gate/up projection (896 x 9728, block 128, 2
-threads, AVX2 AMD EPYC) took 324 us for 1 row and 1096 us for 8 (a decode step of 8 streams).
-Ours unpacks each weight block once and multiplies it with up to four rows: 312 and 690 us
-there (`bench/int4_kernel.py`); an 8-sequence decode step of the whole model, 64.9 -> 47.1 ms.
+ONNX Runtime's kernel pays most of a row's time again for every extra row of a batch: a Qwen2.5-
+0.5B layer's merged gate/up projection (896 x 9728, block 128, 2 threads) took 84 us for 1 row
+and 399 us for 8 (a decode step of 8 streams) on an AVX-512 VNNI AMD EPYC. Ours unpacks each
+weight group once for a tile of rows and 8 columns and applies the scales once per block of
+such a tile: 74 and 235 us there (`bench/int4_kernel.py`); AVX2 where the CPU lacks VNNI.
 
 It is a custom op library, built from source at install (`api/engine/int4_build.py`), so it may
-be absent: then, or where the CPU has VNNI (ONNX Runtime's kernel has a VNNI path there and ours
-does not), or where the node is not one the op covers, the graph keeps `MatMulNBits`.
-`use_int4_kernel` edits the graph when it is loaded; the export on disk stays standard.
+be absent: then, or where the CPU lacks AVX2/FMA, or where the node is not one the op covers,
+the graph keeps `MatMulNBits`. `use_int4_kernel` edits the graph when it is loaded; the export
+on disk stays standard.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     import onnx
     import onnxruntime as ort
@@ -31,7 +33,6 @@ DOMAIN = "tokenshop"
 OP_TYPE = "Int4MatMul"
 LIBRARY_NAME = "libtokenshop_int4.so"
 BLOCK_SIZES = (64, 128, 256)  # the kernel's unrolled block loops
-_VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
 
 
 def default_library() -> Path:
@@ -56,22 +57,18 @@ def preferred_library(library: Path | None = None) -> Path | None:
         reason = f"{library} is not built (python -m api.engine.int4_build)"
     elif not runs_here(library):
         reason = "this CPU lacks AVX2/FMA"
-    elif _has_vnni():
-        reason = "this CPU has VNNI, which ONNX Runtime's kernel uses"
     else:
-        log.info("int4 projections run on our kernel (%s)", library)
+        log.info("int4 projections run on our kernel (%s, %s)", library, _isa(library))
         return library
     log.info("int4 projections run on ONNX Runtime's MatMulNBits: %s", reason)
     return None
 
 
-def _has_vnni() -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return False
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
-    return any(flag in flags for flag in _VNNI_FLAGS)
+def _isa(library: Path) -> str:
+    """The instruction set the library's kernels multiply with here."""
+    isa = ctypes.CDLL(str(library)).tokenshop_int4_isa
+    isa.restype = ctypes.c_char_p
+    return str(isa().decode())
 
 
 def register(options: ort.SessionOptions, library: Path) -> None:
@@ -82,8 +79,9 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
     """Turn every `MatMulNBits` node the op covers into an `Int4MatMul`, in place; how many.
 
     Covered: 4 bits, fp32, symmetric (no zero points, so zero point 8), no group index or bias
-    input, a block size in `BLOCK_SIZES`. The inputs and attributes are the same, so only the
-    node's name and domain change; a bias `Add` right behind it becomes its fourth input (ONNX
+    input, a block size in `BLOCK_SIZES`, N a multiple of 8. The attributes are the same; the
+    weights and scales are regrouped (`_regroup_weights`); a bias `Add` right behind the node
+    becomes its fourth input (ONNX
     Runtime folds one into `MatMulNBits` itself, not into a custom op: measured, the 24 Adds
     of a Qwen2.5-0.5B step took 0.9 ms of one sequence's 21)."""
     from onnx import helper
@@ -94,6 +92,7 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
     for node in list(graph.node):
         if node.op_type == "MatMulNBits" and _covered(node, constants):
             node.op_type, node.domain = OP_TYPE, DOMAIN
+            _regroup_weights(graph, node, changed)
             _fold_bias(graph, node, constants)
             changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):
@@ -132,7 +131,33 @@ def _covered(node: onnx.NodeProto, constants: dict[str, tuple[int, tuple[int, ..
         and scales[0] == TensorProto.FLOAT
         and attributes.get("bits", 4) == 4
         and attributes.get("block_size") in BLOCK_SIZES
+        and attributes.get("N", 1) % 8 == 0
     )
+
+
+def _regroup_weights(graph: onnx.GraphProto, node: onnx.NodeProto, index: int) -> None:
+    """Rearrange B and the scales into the op's panels of 8 columns (`csrc/int4_matmul.c`)
+    with a `Reshape` and a `Transpose` each, which ONNX Runtime's constant folding runs once
+    when the session is created (the graph cache keeps the result), not per step."""
+    from onnx import helper, numpy_helper
+
+    attributes = {a.name: a.i for a in node.attribute}
+    n, block = attributes["N"], attributes["block_size"]
+    blocks = -(-attributes["K"] // block)
+    prefix = f"{OP_TYPE}.{index}"
+    layouts = {  # input -> (its shape as 8-column panels, the transpose into the op's order)
+        1: ([n // 8, 8, blocks * block // 8, 4], [0, 2, 1, 3]),
+        2: ([n // 8, 8, blocks], [0, 2, 1]),
+    }
+    at = list(graph.node).index(node)
+    for position, (shape, perm) in layouts.items():
+        source, shape_name = node.input[position], f"{prefix}.{position}.shape"
+        panels, regrouped = f"{prefix}.{position}.panels", f"{prefix}.{position}.regrouped"
+        graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), shape_name))
+        graph.node.insert(at, helper.make_node("Reshape", [source, shape_name], [panels]))
+        graph.node.insert(at + 1, helper.make_node("Transpose", [panels], [regrouped], perm=perm))
+        node.input[position] = regrouped
+        at += 2
 
 
 def _fold_bias(

@@ -159,7 +159,7 @@ def _can_edit() -> bool:
 
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
-INT4_KERNEL_TAG = "int4-kernel-v2"
+INT4_KERNEL_TAG = "int4-kernel-v3"
 
 
 def _graph_source(

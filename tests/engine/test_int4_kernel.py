@@ -59,63 +59,107 @@ def packed_weights(k: int, n: int, block: int, seed: int) -> tuple[np.ndarray, n
 
 
 def matmul_session(
-    op: str,
-    domain: str,
     k: int,
     n: int,
     block: int,
     rank: int,
-    library: Path,
+    library: Path | None,
     bias: np.ndarray | None = None,
 ) -> ort.InferenceSession:
+    """A `MatMulNBits` (+ bias `Add`) graph; with `library`, edited to run on our op."""
     b, scales = packed_weights(k, n, block, seed=k + n + block)
-    inputs = ["A", "B", "scales"] + (["bias"] if bias is not None else [])
-    node = helper.make_node(op, inputs, ["Y"], domain=domain, K=k, N=n, bits=4, block_size=block)
-    node.attribute.append(helper.make_attribute("accuracy_level", 4))
+    node = helper.make_node(
+        "MatMulNBits",
+        ["A", "B", "scales"],
+        ["Y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=block,
+        accuracy_level=4,
+    )
+    nodes = [node]
+    initializers = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
+    if bias is not None:
+        node.output[0] = "product"
+        nodes.append(helper.make_node("Add", ["product", "bias"], ["Y"]))
+        initializers.append(numpy_helper.from_array(bias, "bias"))
     leading = ["d0", "d1"][: rank - 1]
     graph = helper.make_graph(
-        [node],
+        nodes,
         "matmul",
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, [*leading, k])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*leading, n])],
-        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
-        + ([numpy_helper.from_array(bias, "bias")] if bias is not None else []),
+        initializers,
     )
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid(domain, 1)]
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
-    options.register_custom_ops_library(str(library))
-    model = helper.make_model(graph, opset_imports=opsets)
+    if library is not None:
+        assert use_int4_kernel(model) == 1
+        options.register_custom_ops_library(str(library))
     return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
 
 
+@pytest.fixture(params=["default", "avx2"])
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The op's instruction set: the CPU's best (AVX-512 VNNI where it has it), or AVX2 forced,
+    so that a VNNI machine checks both paths."""
+    if request.param == "avx2":
+        monkeypatch.setenv("TOKENSHOP_INT4_ISA", "avx2")
+    else:
+        monkeypatch.delenv("TOKENSHOP_INT4_ISA", raising=False)
+    return str(request.param)
+
+
+def int8_product(a: np.ndarray, k: int, n: int, block: int) -> np.ndarray:
+    """What both kernels compute, in numpy: each row's blocks quantized to int8 by their largest
+    magnitude (x * (1 / (max / 127)), rounded half to even), times the 4-bit weights."""
+    b, scales = packed_weights(k, n, block, seed=k + n + block)
+    blocks = -(-k // block)
+    weights = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, blocks, block).astype(np.int64) - 8
+    padded = np.zeros((a.shape[0], blocks, block), np.float32)
+    padded.reshape(a.shape[0], -1)[:, :k] = a
+    top = np.abs(padded).max(axis=2, keepdims=True)
+    step = top / np.float32(127)
+    inverse = np.divide(np.float32(1), step, out=np.zeros_like(step), where=step > 0)
+    q = np.rint(padded * inverse).astype(np.int64)
+    dots = np.einsum("rbi,nbi->rnb", q, weights)
+    return np.einsum("rnb,rb,nb->rn", dots, step[:, :, 0], scales.reshape(n, blocks))
+
+
 @pytest.mark.parametrize(
-    ("k", "n", "block"), [(128, 40, 128), (200, 24, 64), (896, 136, 128), (520, 33, 256)]
+    ("k", "n", "block"), [(128, 40, 128), (200, 24, 64), (896, 136, 128), (520, 32, 256)]
 )
-def test_op_equals_matmul_nbits_for_every_batch_size(
-    library: Path, k: int, n: int, block: int
+def test_op_computes_the_int8_product_for_every_batch_size(
+    library: Path, isa: str, k: int, n: int, block: int
 ) -> None:
-    ours = matmul_session(OP_TYPE, DOMAIN, k, n, block, 2, library)
-    theirs = matmul_session("MatMulNBits", "com.microsoft", k, n, block, 2, library)
+    ours = matmul_session(k, n, block, 2, library)
+    theirs = matmul_session(k, n, block, 2, None)
     rng = np.random.default_rng(7)
-    for rows in (1, 2, 3, 4, 5, 8, 13):
+    for rows in (1, 2, 3, 4, 5, 8, 13, 70):
         a = rng.standard_normal((rows, k)).astype(np.float32)
         a[0, 0] = 40.0  # an outlier: its block's scale is its own, not the row's
-        got, want = (s.run(None, {"A": a})[0] for s in (ours, theirs))
+        got, want = ours.run(None, {"A": a})[0], int8_product(a, k, n, block)
         assert got.shape == (rows, n)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        # ONNX Runtime's kernel rounds a rare activation the other way: 2e-3 of a row's values
+        nbits = theirs.run(None, {"A": a})[0]
+        np.testing.assert_allclose(got, nbits, atol=2e-3 * np.abs(want).max())
 
 
 def test_op_takes_batched_inputs_and_empty_ones(library: Path) -> None:
-    ours = matmul_session(OP_TYPE, DOMAIN, 256, 48, 128, 3, library)
-    theirs = matmul_session("MatMulNBits", "com.microsoft", 256, 48, 128, 3, library)
+    ours = matmul_session(256, 48, 128, 3, library)
+    theirs = matmul_session(256, 48, 128, 3, None)
     a = np.random.default_rng(3).standard_normal((2, 5, 256)).astype(np.float32)
     got, want = (s.run(None, {"A": a})[0] for s in (ours, theirs))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     assert ours.run(None, {"A": np.zeros((2, 0, 256), np.float32)})[0].shape == (2, 0, 48)
 
 
-def test_op_is_close_to_the_float_product(library: Path) -> None:
+def test_op_is_close_to_the_float_product(library: Path, isa: str) -> None:
     """Against the dequantized weights in float: only the int8 activations' rounding is left."""
     k, n, block = 384, 64, 128
     b, scales = packed_weights(k, n, block, seed=k + n + block)
@@ -123,7 +167,7 @@ def test_op_is_close_to_the_float_product(library: Path) -> None:
     q = np.stack([low, high], axis=-1).reshape(n, -1)[:, :k]
     weights = (q - 8) * np.repeat(scales.reshape(n, -1), block, axis=1)[:, :k]
     a = np.random.default_rng(5).standard_normal((6, k)).astype(np.float32)
-    got = matmul_session(OP_TYPE, DOMAIN, k, n, block, 2, library).run(None, {"A": a})[0]
+    got = matmul_session(k, n, block, 2, library).run(None, {"A": a})[0]
     want = a @ weights.T
     assert np.abs(got - want).max() < 0.01 * np.abs(want).max()
 
@@ -149,6 +193,7 @@ def test_graph_edit_takes_fp32_symmetric_int4_nodes_only() -> None:
         nbits_node("block32", block_size=32),
         nbits_node("eight_bit", bits=8),
         nbits_node("fp16"),
+        nbits_node("n60", N=60),  # the op's panels are 8 columns wide
     ]
     scales = {f"{n.name}.scales": np.ones(64, np.float32) for n in nodes}
     scales["fp16.scales"] = np.ones(64, np.float16)
@@ -156,7 +201,8 @@ def test_graph_edit_takes_fp32_symmetric_int4_nodes_only() -> None:
     assert use_int4_kernel(model) == 1
     ops = {node.name: (node.domain, node.op_type) for node in model.graph.node}
     assert ops["symmetric"] == (DOMAIN, OP_TYPE)
-    assert {ops[n][1] for n in ("zero_points", "block32", "eight_bit", "fp16")} == {"MatMulNBits"}
+    refused = ("zero_points", "block32", "eight_bit", "fp16", "n60")
+    assert {ops[n][1] for n in refused} == {"MatMulNBits"}
     assert any(o.domain == DOMAIN for o in model.opset_import)
 
 
@@ -171,12 +217,31 @@ def test_graph_edit_folds_a_bias_add_into_the_op() -> None:
     vectors = {"q.bias": np.ones(32, np.float32), "kv.bias": np.ones(32, np.float32)}
     model = nbits_graph(nodes, {"merged.scales": np.ones(64, np.float32)} | vectors)
     assert use_int4_kernel(model) == 1
-    ops = [(node.op_type, list(node.input), list(node.output)) for node in model.graph.node]
+    ops = [(node.op_type, node.input[0], list(node.output)) for node in computing(model)]
     assert ops == [
-        ("Concat", ["q.bias", "kv.bias"], ["bias"]),
-        (OP_TYPE, ["x", "merged.B", "merged.scales", "bias"], ["biased"]),
-        ("Split", ["biased"], ["q", "kv"]),
+        ("Concat", "q.bias", ["bias"]),
+        (OP_TYPE, "x", ["biased"]),
+        ("Split", "biased", ["q", "kv"]),
     ]
+    (op,) = (node for node in model.graph.node if node.op_type == OP_TYPE)
+    assert op.input[3] == "bias"
+
+
+def computing(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The graph's nodes but those that regroup the op's weights (folded when loaded)."""
+    return [node for node in model.graph.node if node.op_type not in ("Reshape", "Transpose")]
+
+
+def test_graph_edit_regroups_the_weights_from_the_original_initializers() -> None:
+    model = nbits_graph([nbits_node("projection")], {"projection.scales": np.ones(64, np.float32)})
+    assert use_int4_kernel(model) == 1
+    made = {output: node for node in model.graph.node for output in node.output}
+    (op,) = (node for node in model.graph.node if node.op_type == OP_TYPE)
+    for position, original in ((1, "projection.B"), (2, "projection.scales")):
+        transpose = made[op.input[position]]
+        reshape = made[transpose.input[0]]
+        assert (transpose.op_type, reshape.op_type) == ("Transpose", "Reshape")
+        assert reshape.input[0] == original
 
 
 def test_graph_edit_leaves_an_add_that_broadcasts() -> None:
@@ -184,14 +249,14 @@ def test_graph_edit_leaves_an_add_that_broadcasts() -> None:
     scales = {"projection.scales": np.ones(64, np.float32), "one": np.ones(1, np.float32)}
     model = nbits_graph(nodes, scales)
     assert use_int4_kernel(model) == 1
-    assert [node.op_type for node in model.graph.node] == [OP_TYPE, "Add"]
+    assert [node.op_type for node in computing(model)] == [OP_TYPE, "Add"]
 
 
 def test_op_adds_its_bias(library: Path) -> None:
     k, n, block = 256, 40, 128
     bias = np.linspace(-1, 1, n, dtype=np.float32)
-    ours = matmul_session(OP_TYPE, DOMAIN, k, n, block, 2, library, bias=bias)
-    theirs = matmul_session("MatMulNBits", "com.microsoft", k, n, block, 2, library)
+    ours = matmul_session(k, n, block, 2, library, bias=bias)
+    theirs = matmul_session(k, n, block, 2, None)
     a = np.random.default_rng(9).standard_normal((3, k)).astype(np.float32)
     got, want = (s.run(None, {"A": a})[0] for s in (ours, theirs))
     np.testing.assert_allclose(got, want + bias, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -207,13 +272,18 @@ def test_served_graph_runs_every_int4_projection_with_our_op(
 ) -> None:
     make_engine(int4_export, cache_dir=tmp_path, int4_kernel=library)
     (cached,) = tmp_path.glob(f"*/{MODEL_FILE}")
-    nodes = onnx.load(str(cached), load_external_data=False).graph.node
+    graph = onnx.load(str(cached), load_external_data=False).graph
+    nodes = graph.node
     ops = [node.op_type for node in nodes]
     layers = json.loads((int4_export / "config.json").read_text())["num_hidden_layers"]
     assert ops.count(OP_TYPE) == 4 * layers  # merged q/k/v, o, merged gate/up, down
     assert "MatMulNBits" not in ops
     biased = [node for node in nodes if node.op_type == OP_TYPE and len(node.input) == 4]
     assert len(biased) == layers  # qwen2's q/k/v biases, folded into the op
+    # the weights' regrouping ran once, at load: the cached graph holds its results
+    initializers = {init.name for init in graph.initializer}
+    ours = [node for node in nodes if node.op_type == OP_TYPE]
+    assert all(node.input[1] in initializers and node.input[2] in initializers for node in ours)
 
 
 def test_engine_logits_equal_onnx_runtime_kernel(library: Path, int4_export: Path) -> None:
@@ -253,14 +323,13 @@ def test_batched_sequences_get_the_tokens_of_onnx_runtime_kernel(
     assert total == 6 * 12 and same >= 0.95 * total
 
 
-def test_our_kernel_is_chosen_only_where_it_is_built_and_the_cpu_lacks_vnni(
+def test_our_kernel_is_chosen_where_it_is_built_and_runs(
     library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert preferred_library(tmp_path / "missing.so") is None
-    monkeypatch.setattr(int4_kernel, "_has_vnni", lambda: True)
-    assert preferred_library(library) is None
-    monkeypatch.setattr(int4_kernel, "_has_vnni", lambda: False)
     assert preferred_library(library) == library
+    monkeypatch.setattr(int4_kernel, "runs_here", lambda path: False)
+    assert preferred_library(library) is None
 
 
 def test_weights_that_do_not_match_the_attributes_are_refused_not_read_past(

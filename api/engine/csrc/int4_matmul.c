@@ -1,21 +1,24 @@
 /* Int4MatMul (domain "tokenshop"): ONNX Runtime's 4-bit `MatMulNBits`, symmetric, with a kernel
- * that shares each unpacked weight block across every row of the batch.
+ * that shares each unpacked weight group across the rows of a batch and applies scales once per
+ * 8 columns.
  *
- * Why: ORT's kernel costs nearly a full row's time for every extra row (896 x 4864, block 128,
- * 2 threads: 62-80 us for 1 row, 354-368 us for 8 on AVX-512 VNNI; 457 and 1149 us on AVX2), so a
- * decode step of 8 streams took 2.2x the step of one. Here a row costs the integer multiplies of
- * its activations against weights already unpacked into registers.
+ * Why: ORT's kernel costs nearly a full row's time for every extra row (896 x 9728, block 128,
+ * 2 threads: 92 us for 1 row and 432 for 8 on an AVX-512 VNNI AMD EPYC; 324 and 1096 us on an
+ * AVX2 one), so a decode step of 8 streams took 2.2x the step of one. Here a row costs the
+ * integer multiplies of its activations against weights already unpacked into registers.
  *
- * Inputs and attributes are MatMulNBits' own (A, B, scales; K, N, block_size, bits), so the
- * engine's graph edit only renames the node; a fourth, optional input is a bias, which the edit
- * takes from an Add behind the node. Supported: bits 4, no zero points (the quantizer's
- * symmetric mode: zero point 8), block_size 64, 128 or 256. The activations are quantized to
- * int8 per block, as ORT's accuracy_level 4 does; everything else is exact integer arithmetic.
- *
- * Layout of B, per column n and block b: block_size / 2 bytes, byte j holding weight 2j in its
- * low nibble and 2j+1 in its high one. The activations are stored to match: for every 64 weights,
- * the 32 even-indexed values, then the 32 odd-indexed ones, so that the low nibbles of 32 bytes
- * of B multiply the first 32 bytes and the high nibbles the next 32.
+ * Attributes are MatMulNBits' own (K, N, block_size, bits) and so is the data, rearranged by
+ * the engine's graph edit (`int4_kernel.py`, into nodes that ONNX Runtime folds at load):
+ *   B       [N / 8][K' / 8][8][4] bytes, K' = K rounded up to the block: for each panel of 8
+ *           columns and each group of 8 weights, 4 bytes per column, byte j holding the group's
+ *           weight 2j in its low nibble and 2j+1 in its high one (MatMulNBits' bytes, regrouped)
+ *   scales  [N / 8][K' / block][8]
+ *   bias    [N], optional: the edit takes it from an Add behind the node
+ * Supported: bits 4, no zero points (the quantizer's symmetric mode: zero point 8), block_size
+ * 64, 128 or 256, N a multiple of 8. The activations are quantized to int8 per block, as ORT's
+ * accuracy_level 4 does; everything else is exact integer arithmetic. AVX-512 VNNI's vpdpbusd
+ * multiplies where the CPU has it (TOKENSHOP_INT4_ISA=avx2 in the environment of the process
+ * forces the AVX2 path, for tests and benchmarks), AVX2 elsewhere.
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -25,24 +28,17 @@
 
 #include "onnxruntime_c_api.h"
 
-#define CHUNK 64      /* weights per 32 bytes of B */
-#define ROW_TILE 4    /* rows that share one unpacked block (the zero-point vector holds 4) */
-#define ROW_PANEL 64  /* rows whose activations stay in cache while a column strip passes */
-#define COLUMN_STRIP 16
-#define PREFETCH_AHEAD 2048 /* bytes of B ahead of the block being read */
+#define ROW_PANEL 64      /* rows whose activations stay in cache while a strip passes */
+#define STRIP_PANELS 4    /* 8-column panels per parallel task */
 
 static const OrtApi *g_api;
-
-typedef struct {
-  int64_t k, n, block;
-} Int4Kernel;
 
 /* Block-major, so that one pointer each walks a tile of rows through the blocks: with a
  * pointer per row, a tile's addressing spilled general registers and took ~1.15x the time. */
 typedef struct {
-  int8_t *q;           /* [blocks][rows][block], in the even/odd order above */
-  float *scales;       /* [blocks][rows], then ROW_TILE floats of padding */
-  float *corrections;  /* [blocks][rows] scale * 8 * sum(q): the zero point's share; padded */
+  int8_t *q;           /* [blocks][rows][block], each 8 values as 4 even-indexed, 4 odd */
+  float *scales;       /* [blocks][rows] */
+  float *corrections;  /* [blocks][rows] scale * 8 * sum(q): the zero point's share */
   int64_t rows, blocks, block;
 } QuantizedRows;
 
@@ -59,7 +55,16 @@ typedef struct {
   const float *bias; /* [n], or NULL */
   float *y;
   int64_t n;
+  int64_t panel_bytes;  /* B's bytes per panel of 8 columns */
+  int64_t panel_scales; /* scales per panel */
 } MatMulTask;
+
+typedef void (*StripFunction)(void *task, size_t strip);
+
+typedef struct {
+  int64_t k, n, block;
+  StripFunction multiply_strip;
+} Int4Kernel;
 
 /* ---- activations: float rows -> int8 blocks ---- */
 
@@ -67,23 +72,17 @@ __attribute__((target("avx2,fma"))) static inline __m256i quantize8(__m256 v, __
   return _mm256_cvtps_epi32(_mm256_mul_ps(v, inverse));
 }
 
-/* Four vectors of 8 int32 -> 32 int8 in their original order. */
+/* Four vectors of 8 int32 -> 32 int8, each 8 as 4 even-indexed then 4 odd-indexed (the order
+ * of a group's low and high nibbles in B). */
 __attribute__((target("avx2,fma"))) static inline __m256i pack32(__m256i a, __m256i b, __m256i c,
                                                                __m256i d) {
   __m256i ab = _mm256_packs_epi32(a, b);
   __m256i cd = _mm256_packs_epi32(c, d);
   __m256i all = _mm256_packs_epi16(ab, cd);
-  return _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* 16 consecutive floats -> their 8 even-indexed values, then their 8 odd-indexed ones. */
-__attribute__((target("avx2,fma"))) static inline void split16(const float *x, __m256 *even,
-                                                             __m256 *odd) {
-  __m256 lo = _mm256_loadu_ps(x), hi = _mm256_loadu_ps(x + 8);
-  __m256 e = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
-  __m256 o = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
-  *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
-  *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+  all = _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  const __m256i even_odd = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
+                                            0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  return _mm256_shuffle_epi8(all, even_odd);
 }
 
 __attribute__((target("avx2,fma"))) static inline int32_t sum_epi32(__m256i v) {
@@ -93,24 +92,22 @@ __attribute__((target("avx2,fma"))) static inline int32_t sum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+/* 8 floats from x, zero past `valid`. */
+__attribute__((target("avx2,fma"))) static inline __m256 load8(const float *x, int64_t valid) {
+  if (valid >= 8) return _mm256_loadu_ps(x);
+  float tail[8] = {0};
+  if (valid > 0) memcpy(tail, x, (size_t)valid * sizeof(float));
+  return _mm256_loadu_ps(tail);
+}
+
 /* One block of `block` floats (zero-padded past `valid`) -> int8, its scale and correction. */
 __attribute__((target("avx2,fma"))) static void quantize_block(const float *x, int64_t valid,
                                                              int64_t block, int8_t *q,
                                                              float *scale, float *correction) {
-  float padded[CHUNK];
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps();
-  for (int64_t i = 0; i < valid; i += 8) {
-    __m256 v;
-    if (valid - i >= 8) {
-      v = _mm256_loadu_ps(x + i);
-    } else {
-      float tail[8] = {0};
-      memcpy(tail, x + i, (size_t)(valid - i) * sizeof(float));
-      v = _mm256_loadu_ps(tail);
-    }
-    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
-  }
+  for (int64_t i = 0; i < valid; i += 8)
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, load8(x + i, valid - i)));
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
@@ -118,23 +115,13 @@ __attribute__((target("avx2,fma"))) static void quantize_block(const float *x, i
   float d = top / 127.0f;
   __m256 inverse = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
   __m256i total = _mm256_setzero_si256();
-  for (int64_t c = 0; c < block; c += CHUNK) {
-    const float *src = x + c;
-    if (valid - c < CHUNK) { /* the padded tail of the last block */
-      memset(padded, 0, sizeof(padded));
-      if (valid > c) memcpy(padded, src, (size_t)(valid - c) * sizeof(float));
-      src = padded;
-    }
-    __m256i even[4], odd[4];
+  for (int64_t c = 0; c < block; c += 32) {
+    __m256i v[4];
     for (int j = 0; j < 4; j++) {
-      __m256 e, o;
-      split16(src + 16 * j, &e, &o);
-      even[j] = quantize8(e, inverse);
-      odd[j] = quantize8(o, inverse);
-      total = _mm256_add_epi32(total, _mm256_add_epi32(even[j], odd[j]));
+      v[j] = quantize8(load8(x + c + 8 * j, valid - c - 8 * j), inverse);
+      total = _mm256_add_epi32(total, v[j]);
     }
-    _mm256_storeu_si256((__m256i *)(q + c), pack32(even[0], even[1], even[2], even[3]));
-    _mm256_storeu_si256((__m256i *)(q + c + 32), pack32(odd[0], odd[1], odd[2], odd[3]));
+    _mm256_storeu_si256((__m256i *)(q + c), pack32(v[0], v[1], v[2], v[3]));
   }
   *scale = d;
   *correction = d * 8.0f * (float)sum_epi32(total);
@@ -153,103 +140,51 @@ static void quantize_row(void *data, size_t row) {
   }
 }
 
-/* ---- the product: tiles of up to ROW_TILE rows against one column ---- */
+/* ---- the product: one copy per instruction set (int4_tile.h) ---- */
 
-__attribute__((target("avx2,fma"))) static inline float sum_ps(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+#define TILE_TARGET "avx2,fma"
+#define TILE(name) name##_avx2
+#define TILE_VNNI 0
+#define TILE_ROWS 2
+#define TILE_PANELS 2
+#define TILE_PANELS_ONE_ROW 4
+#define TILE_PANELS_MAX 4
+#include "int4_tile.h"
+#undef TILE_TARGET
+#undef TILE
+#undef TILE_VNNI
+#undef TILE_ROWS
+#undef TILE_PANELS
+#undef TILE_PANELS_ONE_ROW
+#undef TILE_PANELS_MAX
+
+#define TILE_TARGET "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"
+#define TILE(name) name##_vnni
+#define TILE_VNNI 1
+#define TILE_ROWS 4
+#define TILE_PANELS 2
+#define TILE_PANELS_ONE_ROW 4
+#define TILE_PANELS_MAX 4
+#include "int4_tile.h"
+
+/* ---- which kernel ---- */
+
+/* Whether this CPU runs the kernel: the engine asks before it edits a graph to use it. */
+int tokenshop_int4_supported(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* y[m] = sum over blocks of scale_a * scale_b * (q_a . q_b - 8 * sum(q_a)), for `tile` rows.
- * Inlined with constant `tile` and `chunks` (64-weight chunks per block, at most 4 so that the
- * int16 sums cannot overflow) so the loops unroll and the accumulators live in registers. The
- * zero point's share, scale_b * corrections, is summed for the tile's rows in one vector. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void column_tile(
-    const QuantizedRows *r, int64_t row0, int tile, int chunks, const uint8_t *b,
-    const float *bscale, float bias, float *y, int64_t ystride) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
-  const int64_t block = r->block, rows = r->rows;
-  const int8_t *qa = r->q + row0 * block;
-  const float *sa = r->scales + row0, *corrections = r->corrections + row0;
-  __m256 acc[ROW_TILE];
-  __m128 zero_point = _mm_setzero_ps();
-  for (int m = 0; m < tile; m++) acc[m] = _mm256_setzero_ps();
-  for (int64_t blk = 0; blk < r->blocks; blk++) {
-    const uint8_t *bb = b + blk * (block / 2);
-    _mm_prefetch((const char *)(bb + PREFETCH_AHEAD), _MM_HINT_T0);
-    __m256i lo[4], hi[4];
-    for (int c = 0; c < chunks; c++) {
-      __m256i packed = _mm256_loadu_si256((const __m256i *)(bb + 32 * c));
-      lo[c] = _mm256_and_si256(packed, low);
-      hi[c] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-    }
-    const __m256 sb = _mm256_set1_ps(bscale[blk]);
-    zero_point = _mm_fmadd_ps(_mm256_castps256_ps128(sb), _mm_loadu_ps(corrections), zero_point);
-    for (int m = 0; m < tile; m++) {
-      const int8_t *a = qa + m * block;
-      __m256i dot = _mm256_setzero_si256();
-      for (int c = 0; c < chunks; c++) {
-        __m256i p = _mm256_maddubs_epi16(lo[c], _mm256_loadu_si256((const __m256i *)(a + 64 * c)));
-        __m256i p2 =
-            _mm256_maddubs_epi16(hi[c], _mm256_loadu_si256((const __m256i *)(a + 64 * c + 32)));
-        dot = _mm256_add_epi16(dot, _mm256_add_epi16(p, p2));
-      }
-      __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, ones));
-      acc[m] = _mm256_fmadd_ps(v, _mm256_mul_ps(sb, _mm256_broadcast_ss(sa + m)), acc[m]);
-    }
-    qa += rows * block;
-    sa += rows;
-    corrections += rows;
-  }
-  float shares[4];
-  _mm_storeu_ps(shares, zero_point);
-  for (int m = 0; m < tile; m++) y[m * ystride] = sum_ps(acc[m]) - shares[m] + bias;
+static int use_vnni(void) {
+  __builtin_cpu_init();
+  const char *forced = getenv("TOKENSHOP_INT4_ISA");
+  if (forced != NULL && strcmp(forced, "avx2") == 0) return 0;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-/* Every row from row0 on against one column, in tiles; `chunks` as in column_tile. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void column_rows_of(
-    const QuantizedRows *r, int64_t row0, int64_t rows, int chunks, const uint8_t *b,
-    const float *bscale, float bias, float *y, int64_t ystride) {
-  int64_t m = 0;
-  for (; m + ROW_TILE <= rows; m += ROW_TILE)
-    column_tile(r, row0 + m, ROW_TILE, chunks, b, bscale, bias, y + m * ystride, ystride);
-  switch (rows - m) {
-    case 3: column_tile(r, row0 + m, 3, chunks, b, bscale, bias, y + m * ystride, ystride); break;
-    case 2: column_tile(r, row0 + m, 2, chunks, b, bscale, bias, y + m * ystride, ystride); break;
-    case 1: column_tile(r, row0 + m, 1, chunks, b, bscale, bias, y + m * ystride, ystride); break;
-    default: break;
-  }
-}
-
-__attribute__((target("avx2,fma"))) static void column_rows(const QuantizedRows *r,
-                                                          int64_t row0, int64_t rows,
-                                                          const uint8_t *b, const float *bscale,
-                                                          float bias, float *y, int64_t ystride) {
-  switch (r->block / CHUNK) {
-    case 1: column_rows_of(r, row0, rows, 1, b, bscale, bias, y, ystride); break;
-    case 2: column_rows_of(r, row0, rows, 2, b, bscale, bias, y, ystride); break;
-    case 4: column_rows_of(r, row0, rows, 4, b, bscale, bias, y, ystride); break;
-    default: break; /* refused when the kernel is created */
-  }
-}
-
-static void multiply_strip(void *data, size_t strip) {
-  const MatMulTask *task = data;
-  const QuantizedRows *r = task->rows;
-  int64_t first = (int64_t)strip * COLUMN_STRIP;
-  int64_t last = first + COLUMN_STRIP < task->n ? first + COLUMN_STRIP : task->n;
-  int64_t column_bytes = r->blocks * r->block / 2;
-  for (int64_t row0 = 0; row0 < r->rows; row0 += ROW_PANEL) {
-    int64_t rows = r->rows - row0 < ROW_PANEL ? r->rows - row0 : ROW_PANEL;
-    for (int64_t n = first; n < last; n++)
-      column_rows(r, row0, rows, task->b + n * column_bytes, task->scales + n * r->blocks,
-                  task->bias != NULL ? task->bias[n] : 0.0f, task->y + row0 * task->n + n,
-                  task->n);
-  }
-}
+/* The instruction set a kernel made now multiplies with: the engine logs it. */
+const char *tokenshop_int4_isa(void) { return use_vnni() ? "avx512-vnni" : "avx2"; }
 
 /* ---- ONNX Runtime plumbing ---- */
 
@@ -275,9 +210,10 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   OrtStatus *missing = attribute(info, "bits", &bits);
   if (missing != NULL) g_api->ReleaseStatus(missing); /* optional: 4 by default */
   int block_ok = k.block == 64 || k.block == 128 || k.block == 256;
-  if (bits != 4 || !block_ok || k.k <= 0 || k.n <= 0)
+  if (bits != 4 || !block_ok || k.k <= 0 || k.n <= 0 || k.n % 8 != 0)
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT,
-                               "Int4MatMul: needs bits=4 and block_size 64, 128 or 256");
+                               "Int4MatMul: needs bits=4, block_size 64, 128 or 256, N % 8 == 0");
+  k.multiply_strip = use_vnni() ? multiply_strip_vnni : multiply_strip_avx2;
   Int4Kernel *made = malloc(sizeof(Int4Kernel));
   if (made == NULL) return g_api->CreateStatus(ORT_FAIL, "Int4MatMul: out of memory");
   *made = k;
@@ -314,7 +250,7 @@ static OrtStatus *allocate_rows(QuantizedRows *r, int64_t rows, const Int4Kernel
   r->rows = rows;
   r->block = k->block;
   r->blocks = (k->k + k->block - 1) / k->block;
-  size_t entries = (size_t)(rows * r->blocks) + ROW_TILE; /* a tile's vector reads past the end */
+  size_t entries = (size_t)(rows * r->blocks);
   r->q = aligned_alloc(64, round64((size_t)(rows * r->blocks * r->block)));
   r->scales = calloc(entries, sizeof(float));
   r->corrections = calloc(entries, sizeof(float));
@@ -369,9 +305,9 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
     status = g_api->KernelContext_ParallelFor(context, quantize_row, (size_t)rows, 0, &quantize);
   }
   if (status == NULL) {
-    MatMulTask multiply = {&r, b, scales, bias, y, k->n};
-    size_t strips = (size_t)((k->n + COLUMN_STRIP - 1) / COLUMN_STRIP);
-    status = g_api->KernelContext_ParallelFor(context, multiply_strip, strips, 0, &multiply);
+    MatMulTask multiply = {&r, b, scales, bias, y, k->n, r.blocks * k->block * 4, r.blocks * 8};
+    size_t strips = (size_t)((k->n / 8 + STRIP_PANELS - 1) / STRIP_PANELS);
+    status = g_api->KernelContext_ParallelFor(context, k->multiply_strip, strips, 0, &multiply);
   }
   free_rows(&r);
   return status;
@@ -448,11 +384,6 @@ static OrtCustomOpDomain *g_domain;
 static OrtStatus *g_domain_error;
 static pthread_once_t g_domain_once = PTHREAD_ONCE_INIT;
 
-/* Whether this CPU runs the kernel: the engine asks before it edits a graph to use it. */
-int tokenshop_int4_supported(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 /* Once per process: every session shares the op and its domain, which live as long as it. */
 static void make_domain(void) {

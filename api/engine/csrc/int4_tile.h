@@ -1,0 +1,134 @@
+/* The product of int4_matmul.c for one instruction set. int4_matmul.c includes this file once
+ * per set, having defined:
+ *   TILE_TARGET   the functions' target attribute
+ *   TILE(name)    the name with the set's suffix
+ *   TILE_VNNI     1: vpdpbusd (AVX-512 VNNI); 0: vpmaddubsw + vpmaddwd (AVX2)
+ *   TILE_ROWS     rows of a tile, and TILE_PANELS its 8-column panels (what the registers hold:
+ *                 a tile keeps 2 * TILE_ROWS * TILE_PANELS vectors live)
+ *   TILE_PANELS_ONE_ROW  panels of a one-row tile (one decoding sequence: more independent sums)
+ *
+ * A tile's lanes are columns: each vector holds 8 columns' running sums for one row, so a row's
+ * 4 activations are broadcast to all lanes and the 32 bytes of a panel's group hold 4 weights of
+ * each of its 8 columns. Scales are applied once per (row, block, panel): a convert and two FMAs
+ * for 8 x block products.
+ */
+
+#define TILE_INLINE __attribute__((target(TILE_TARGET), always_inline)) static inline
+
+/* dot's lanes (one per column) += the products of 8 weights per column (`lo`: the even ones,
+ * `hi`: the odd ones) with the row's 8 activations at `a` (4 even, then 4 odd). */
+TILE_INLINE __m256i TILE(dot8)(__m256i dot, __m256i lo, __m256i hi, const int8_t *a) {
+  int32_t even, odd;
+  memcpy(&even, a, 4);
+  memcpy(&odd, a + 4, 4);
+#if TILE_VNNI
+  dot = _mm256_dpbusd_epi32(dot, lo, _mm256_set1_epi32(even));
+  return _mm256_dpbusd_epi32(dot, hi, _mm256_set1_epi32(odd));
+#else /* two products per int16 lane: at most 2 * 15 * 127, no saturation */
+  __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(even)),
+                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(odd)));
+  return _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+}
+
+/* y[rows][panels * 8] = rows row0.. of the activations times `panels` panels from `b` (the
+ * first panel's weights; `bscale` its scales). Inlined with constant `rows`, `panels` and
+ * `groups` (weights per block / 8), so that the loops unroll and the sums live in registers. */
+TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, const int panels,
+                            const int groups, const uint8_t *b, const float *bscale,
+                            const float *bias, float *y) {
+  const QuantizedRows *r = t->rows;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const int64_t block = r->block;
+  const int8_t *qa = r->q + row0 * block;
+  const float *sa = r->scales + row0, *corrections = r->corrections + row0;
+  __m256 acc[TILE_ROWS][TILE_PANELS_MAX];
+  for (int m = 0; m < rows; m++)
+    for (int c = 0; c < panels; c++) acc[m][c] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < r->blocks; blk++) {
+    __m256i dot[TILE_ROWS][TILE_PANELS_MAX];
+    for (int m = 0; m < rows; m++)
+      for (int c = 0; c < panels; c++) dot[m][c] = _mm256_setzero_si256();
+    const uint8_t *bb = b + blk * block * 4;
+    for (int g = 0; g < groups; g++) {
+      for (int c = 0; c < panels; c++) {
+        __m256i packed = _mm256_loadu_si256((const __m256i *)(bb + c * t->panel_bytes + 32 * g));
+        __m256i lo = _mm256_and_si256(packed, low);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        for (int m = 0; m < rows; m++)
+          dot[m][c] = TILE(dot8)(dot[m][c], lo, hi, qa + m * block + 8 * g);
+      }
+    }
+    /* sb * (sa * dot - sa * 8 * sum(qa)): the zero point's share taken off per block */
+    for (int c = 0; c < panels; c++) {
+      const __m256 sb = _mm256_loadu_ps(bscale + c * t->panel_scales + blk * 8);
+      for (int m = 0; m < rows; m++) {
+        __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(dot[m][c]), _mm256_broadcast_ss(sa + m),
+                                   _mm256_broadcast_ss(corrections + m));
+        acc[m][c] = _mm256_fmadd_ps(v, sb, acc[m][c]);
+      }
+    }
+    qa += r->rows * block;
+    sa += r->rows;
+    corrections += r->rows;
+  }
+  for (int c = 0; c < panels; c++) {
+    const __m256 add = bias != NULL ? _mm256_loadu_ps(bias + 8 * c) : _mm256_setzero_ps();
+    for (int m = 0; m < rows; m++)
+      _mm256_storeu_ps(y + m * t->n + 8 * c, _mm256_add_ps(acc[m][c], add));
+  }
+}
+
+/* Rows [row0, row0 + rows) against `panels` panels from panel p, in tiles of TILE_ROWS. */
+TILE_INLINE void TILE(rows_of)(const MatMulTask *t, int64_t row0, int64_t rows, int64_t p,
+                               const int panels, const int groups) {
+  const uint8_t *b = t->b + p * t->panel_bytes;
+  const float *bscale = t->scales + p * t->panel_scales;
+  const float *bias = t->bias != NULL ? t->bias + p * 8 : NULL;
+  float *y = t->y + row0 * t->n + p * 8;
+  int64_t m = 0;
+  for (; m + TILE_ROWS <= rows; m += TILE_ROWS)
+    TILE(tile)(t, row0 + m, TILE_ROWS, panels, groups, b, bscale, bias, y + m * t->n);
+  switch (rows - m) {
+#if TILE_ROWS > 3
+    case 3: TILE(tile)(t, row0 + m, 3, panels, groups, b, bscale, bias, y + m * t->n); break;
+#endif
+#if TILE_ROWS > 2
+    case 2: TILE(tile)(t, row0 + m, 2, panels, groups, b, bscale, bias, y + m * t->n); break;
+#endif
+    case 1: TILE(tile)(t, row0 + m, 1, panels, groups, b, bscale, bias, y + m * t->n); break;
+    default: break;
+  }
+}
+
+/* A strip's panels for every row; `groups` constant after inlining. */
+TILE_INLINE void TILE(strip_of)(const MatMulTask *t, int64_t first, int64_t last,
+                                const int groups) {
+  const int64_t all_rows = t->rows->rows;
+  for (int64_t row0 = 0; row0 < all_rows; row0 += ROW_PANEL) {
+    int64_t rows = all_rows - row0 < ROW_PANEL ? all_rows - row0 : ROW_PANEL;
+    int64_t p = first;
+    if (rows == 1)
+      for (; p + TILE_PANELS_ONE_ROW <= last; p += TILE_PANELS_ONE_ROW)
+        TILE(tile)(t, row0, 1, TILE_PANELS_ONE_ROW, groups, t->b + p * t->panel_bytes,
+                   t->scales + p * t->panel_scales, t->bias != NULL ? t->bias + p * 8 : NULL,
+                   t->y + row0 * t->n + p * 8);
+    for (; p + TILE_PANELS <= last; p += TILE_PANELS)
+      TILE(rows_of)(t, row0, rows, p, TILE_PANELS, groups);
+    for (; p < last; p++) TILE(rows_of)(t, row0, rows, p, 1, groups);
+  }
+}
+
+__attribute__((target(TILE_TARGET))) static void TILE(multiply_strip)(void *data, size_t strip) {
+  const MatMulTask *t = data;
+  int64_t first = (int64_t)strip * STRIP_PANELS;
+  int64_t last = first + STRIP_PANELS < t->n / 8 ? first + STRIP_PANELS : t->n / 8;
+  switch (t->rows->block / 8) {
+    case 8: TILE(strip_of)(t, first, last, 8); break;
+    case 16: TILE(strip_of)(t, first, last, 16); break;
+    case 32: TILE(strip_of)(t, first, last, 32); break;
+    default: break; /* refused when the kernel is created */
+  }
+}
+
+#undef TILE_INLINE
