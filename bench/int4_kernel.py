@@ -1,17 +1,19 @@
 """One int4 projection, ONNX Runtime's `MatMulNBits` against our `Int4MatMul`, by batch rows.
 
-    .venv/bin/python bench/int4_kernel.py [--rows 1,8,64] [--library PATH ...] [--threads 2]
+    .venv/bin/python bench/int4_kernel.py [--rows 1,8,64] [--library PATH ...] [--isa default,avx2]
 
 The shapes are a Qwen2.5-0.5B layer's (the engine merges q/k/v and gate/up into one call each):
 896 -> 1152, 896 -> 896, 896 -> 9728 and 4864 -> 896, block 128, accuracy level 4, random
 weights. Each (shape, rows, kernel) is timed in segments that are interleaved round by round, as
 the shared 2-core machine drifts by tens of percent over minutes; the table gives the median
-segment. Several `--library` builds (variants of csrc/int4_matmul.c) are timed side by side.
+segment. Several `--library` builds (variants of csrc/int4_matmul.c) are timed side by side, and
+with `--isa default,avx2` the AVX2 path beside the CPU's best (AVX-512 VNNI where it has it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -82,19 +84,31 @@ def main() -> int:
     parser.add_argument("--library", type=Path, nargs="*", default=[default_library()])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--isa",
+        default="default",
+        help="our kernel's paths to time: default (the CPU's best), avx2, or both, comma-separated",
+    )
     args = parser.parse_args()
     missing = [p for p in args.library if not p.is_file()]
     if missing:
         print(f"no library at {missing[0]}: run `python -m api.engine.int4_build`")
         return 1
-    kernels: dict[str, Path | None] = {"ORT MatMulNBits": None}
-    kernels |= {f"ours ({p.name})": p for p in args.library}
-    rows = [int(r) for r in args.rows.split(",")]
-    sessions = {
-        (shape, name): session(*SHAPES[shape], library, args.threads)
-        for shape in SHAPES
-        for name, library in kernels.items()
+    isas = [i for i in args.isa.split(",") if i]
+    kernels: dict[str, tuple[Path | None, str]] = {"ORT MatMulNBits": (None, "default")}
+    kernels |= {
+        f"ours ({p.name}{'' if isa == 'default' else ', ' + isa})": (p, isa)
+        for p in args.library
+        for isa in isas
     }
+    rows = [int(r) for r in args.rows.split(",")]
+    sessions = {}
+    for name, (library, isa) in kernels.items():
+        # the op picks its path when a session makes it (csrc/int4_matmul.c)
+        os.environ["TOKENSHOP_INT4_ISA"] = isa
+        for shape in SHAPES:
+            sessions[(shape, name)] = session(*SHAPES[shape], library, args.threads)
+    os.environ.pop("TOKENSHOP_INT4_ISA")
     rng = np.random.default_rng(0)
     feeds = {
         (s, m): {"A": rng.standard_normal((m, SHAPES[s][0]), np.float32)}

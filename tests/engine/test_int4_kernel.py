@@ -1,9 +1,11 @@
-"""Our int4 op computes what ONNX Runtime's `MatMulNBits` computes, and the engine serves with it.
+"""Our int4 op computes the int8-activation product `MatMulNBits` computes, and the engine
+serves with it.
 
 Both kernels quantize the activations to int8 per block and multiply them with the same 4-bit
-weights, so they differ by float summation order only: the op is checked against `MatMulNBits`
-on the shapes a decode step and a prefill give it (1 to 13 rows, 3-D inputs, K not a multiple of
-the block), and an int4 model served through it against the same model on ONNX Runtime's kernel.
+weights: the op is checked against that product computed in numpy, and against `MatMulNBits`, on
+the shapes a decode step and a prefill give it (1 to 70 rows, 3-D inputs, K not a multiple of
+the block), on each of its instruction sets this CPU has, and an int4 model served through it
+against the same model on ONNX Runtime's kernel.
 
 The library is built at install (`make test` builds it; `.ci/run` requires it). A machine that
 cannot build it (no compiler, no header) skips these with the build's own reason, unless
