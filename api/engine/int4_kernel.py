@@ -81,9 +81,8 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
     Covered: 4 bits, fp32, symmetric (no zero points, so zero point 8), no group index or bias
     input, a block size in `BLOCK_SIZES`, N a multiple of 8. The attributes are the same; the
     weights and scales are regrouped (`_regroup_weights`); a bias `Add` right behind the node
-    becomes its fourth input (ONNX
-    Runtime folds one into `MatMulNBits` itself, not into a custom op: measured, the 24 Adds
-    of a Qwen2.5-0.5B step took 0.9 ms of one sequence's 21)."""
+    becomes its fourth input (ONNX Runtime folds one into `MatMulNBits` itself, not into a
+    custom op: measured, the 24 Adds of a Qwen2.5-0.5B step took 0.9 ms of one sequence's 21)."""
     from onnx import helper
 
     graph = model.graph

@@ -384,7 +384,6 @@ static OrtCustomOpDomain *g_domain;
 static OrtStatus *g_domain_error;
 static pthread_once_t g_domain_once = PTHREAD_ONCE_INIT;
 
-
 /* Once per process: every session shares the op and its domain, which live as long as it. */
 static void make_domain(void) {
   g_op.version = ORT_API_VERSION;
