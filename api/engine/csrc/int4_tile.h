@@ -51,6 +51,15 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
       for (int c = 0; c < panels; c++) dot[m][c] = _mm256_setzero_si256();
     const uint8_t *bb = b + blk * block * 4;
     for (int g = 0; g < groups; g++) {
+      /* Ask for the next tile's panels (same offset, a tile further on) into L2 while these
+       * multiply, a line at a time: without it a tile's loads from memory and its multiplies
+       * took turns, and a batch's later row tiles (all multiplies, on cached weights) left
+       * memory idle. Measured on the engine's int4 step (AVX-512 VNNI host, 11 interleaved
+       * segments): 1 row 13.66 -> 12.47 ms, 8 rows 25.96 -> 21.80 ms. Prefetching 2 KB ahead
+       * in each panel's own stream instead gained nothing (13.66 -> 14.37, 25.96 -> 25.45). */
+      if ((g & 1) == 0)
+        for (int c = 0; c < panels; c++)
+          _mm_prefetch((const char *)(bb + (c + panels) * t->panel_bytes + 32 * g), _MM_HINT_T1);
       for (int c = 0; c < panels; c++) {
         __m256i packed = _mm256_loadu_si256((const __m256i *)(bb + c * t->panel_bytes + 32 * g));
         __m256i lo = _mm256_and_si256(packed, low);
