@@ -86,20 +86,20 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
     from onnx import helper
 
     graph = model.graph
-    constants = _constants(graph)
+    constants = constants_of(graph)
     changed = 0
     for node in list(graph.node):
         if node.op_type == "MatMulNBits" and _covered(node, constants):
             node.op_type, node.domain = OP_TYPE, DOMAIN
             _regroup_weights(graph, node, changed)
-            _fold_bias(graph, node, constants)
+            fold_bias(graph, node, constants)
             changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return changed
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple[int, ...]]]:
+def constants_of(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple[int, ...]]]:
     """(dtype, shape) of every initializer, and of what an `Identity` or a `Concat` of them
     makes (merged projections concatenate their weights, scales and biases)."""
     from onnx import helper
@@ -159,7 +159,7 @@ def _regroup_weights(graph: onnx.GraphProto, node: onnx.NodeProto, index: int) -
         at += 2
 
 
-def _fold_bias(
+def fold_bias(
     graph: onnx.GraphProto,
     node: onnx.NodeProto,
     constants: dict[str, tuple[int, tuple[int, ...]]],

@@ -24,6 +24,7 @@ from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
 from api.engine.int4_kernel import register as register_int4_kernel
 from api.engine.int4_kernel import use_int4_kernel
+from api.engine.int8_matmul import use_int8_kernel
 from api.engine.last_logits import EDIT_TAG, slice_last_position
 from api.engine.merged_projections import merge_projections
 from api.engine.ort_cache import open_session
@@ -159,7 +160,7 @@ def _can_edit() -> bool:
 
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
-INT4_KERNEL_TAG = "int4-kernel-v3"
+INT4_KERNEL_TAG = "int4-kernel-v3+int8-v1"
 
 
 def _graph_source(
@@ -168,8 +169,8 @@ def _graph_source(
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`);
     when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
     int4 matrix multiply per group of sibling projections (`merged_projections.py`); when
-    `int4_kernel`, to run int4 projections with our op (`int4_kernel.py`): where each edit
-    applies. Else the file as exported."""
+    `int4_kernel`, to run int4 projections and dynamically quantized int8 ones with our ops
+    (`int4_kernel.py`, `int8_matmul.py`): where each edit applies. Else the file as exported."""
     import onnx
 
     try:
@@ -180,7 +181,7 @@ def _graph_source(
     fused = fuse and fuse_attention(proto, config)
     if fused:
         merge_projections(proto)
-    ours = int4_kernel and use_int4_kernel(proto) > 0
+    ours = int4_kernel and use_int4_kernel(proto) + use_int8_kernel(proto) > 0
     return proto.SerializeToString() if sliced or fused or ours else str(model_file)
 
 

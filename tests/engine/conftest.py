@@ -8,6 +8,7 @@ exactness tests cover is produced by the real Optimum exporter, never by hand.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from api.engine.engine import LocalEngine
+from api.engine.int4_kernel import default_library, runs_here
 from api.engine.protocol import GenerationOutput, GenerationRequest, SamplingParams
 from api.engine.quantize import Int4Config, quantize_int4, quantize_int8
 from api.engine.scheduler import SchedulerLimits
@@ -93,6 +95,30 @@ def tied_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
         initializer_range=0.02,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def library() -> Path:
+    """Our int4/int8 op library. A machine that cannot build it (no compiler, no header) skips
+    the tests that need it, unless TOKENSHOP_REQUIRE_INT4_KERNEL is set, as CI sets it."""
+    path = default_library()
+    if not runs_here(path):
+        reason = f"{path} is not built for this machine (python -m api.engine.int4_build)"
+        if os.environ.get("TOKENSHOP_REQUIRE_INT4_KERNEL"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(params=["default", "avx2"])
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The op's instruction set: the CPU's best (AVX-512 VNNI where it has it), or AVX2 forced,
+    so that a VNNI machine checks both paths."""
+    if request.param == "avx2":
+        monkeypatch.setenv("TOKENSHOP_INT4_ISA", "avx2")
+    else:
+        monkeypatch.delenv("TOKENSHOP_INT4_ISA", raising=False)
+    return str(request.param)
 
 
 def quantized_copy(source: Path, dest: Path, method: str) -> Path:

@@ -1,6 +1,7 @@
 /* Int4MatMul (domain "tokenshop"): ONNX Runtime's 4-bit `MatMulNBits`, symmetric, with a kernel
  * that shares each unpacked weight group across the rows of a batch and applies scales once per
- * 8 columns.
+ * 8 columns. Int8MatMul: the same kernel over 8-bit weights, for the int8 projections of ONNX
+ * Runtime's dynamic quantization (an int4 export's LM head among them; `int8_matmul.py`).
  *
  * Why: ORT's kernel costs nearly a full row's time for every extra row (896 x 9728, block 128,
  * 2 threads: 92 us for 1 row and 432 for 8 on an AVX-512 VNNI AMD EPYC; 324 and 1096 us on an
@@ -15,7 +16,11 @@
  *   scales  [N / 8][K' / block][8]
  *   bias    [N], optional: the edit takes it from an Add behind the node
  * Supported: bits 4, no zero points (the quantizer's symmetric mode: zero point 8), block_size
- * 64, 128 or 256, N a multiple of 8. The activations are quantized to int8 per block, as ORT's
+ * 64, 128 or 256, N a multiple of 8.
+ * Int8MatMul takes the same attributes (no `bits`) and inputs, with B of int8 weights:
+ *   B       [N / 8][K' / 8][2][8][4]: per panel and group of 8 weights, the 4 even-indexed
+ *           weights of each column, then the 4 odd-indexed ones (the activations' order)
+ * and the scales per block as above (a per-tensor scale repeated). The activations are quantized to int8 per block, as ORT's
  * accuracy_level 4 does; everything else is exact integer arithmetic. AVX-512 VNNI's vpdpbusd
  * multiplies where the CPU has it (TOKENSHOP_INT4_ISA=avx2 in the environment of the process
  * forces the AVX2 path, for tests and benchmarks), AVX2 elsewhere.
@@ -38,7 +43,7 @@ static const OrtApi *g_api;
 typedef struct {
   int8_t *q;           /* [blocks][rows][block], each 8 values as 4 even-indexed, 4 odd */
   float *scales;       /* [blocks][rows] */
-  float *corrections;  /* [blocks][rows] scale * 8 * sum(q): the zero point's share */
+  float *corrections;  /* [blocks][rows] scale * zero point * sum(q): the zero point's share */
   int64_t rows, blocks, block;
 } QuantizedRows;
 
@@ -46,6 +51,7 @@ typedef struct {
   const float *a;
   QuantizedRows *rows;
   int64_t k;
+  float zero_point; /* what the kernel's unsigned weights are offset by (0: signed weights) */
 } QuantizeTask;
 
 typedef struct {
@@ -62,7 +68,8 @@ typedef struct {
 typedef void (*StripFunction)(void *task, size_t strip);
 
 typedef struct {
-  int64_t k, n, block;
+  int64_t k, n, block, bits;
+  float zero_point;
   StripFunction multiply_strip;
 } Int4Kernel;
 
@@ -102,8 +109,9 @@ __attribute__((target("avx2,fma"))) static inline __m256 load8(const float *x, i
 
 /* One block of `block` floats (zero-padded past `valid`) -> int8, its scale and correction. */
 __attribute__((target("avx2,fma"))) static void quantize_block(const float *x, int64_t valid,
-                                                             int64_t block, int8_t *q,
-                                                             float *scale, float *correction) {
+                                                             int64_t block, float zero_point,
+                                                             int8_t *q, float *scale,
+                                                             float *correction) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps();
   for (int64_t i = 0; i < valid; i += 8)
@@ -124,7 +132,7 @@ __attribute__((target("avx2,fma"))) static void quantize_block(const float *x, i
     _mm256_storeu_si256((__m256i *)(q + c), pack32(v[0], v[1], v[2], v[3]));
   }
   *scale = d;
-  *correction = d * 8.0f * (float)sum_epi32(total);
+  *correction = d * zero_point * (float)sum_epi32(total);
 }
 
 static void quantize_row(void *data, size_t row) {
@@ -135,8 +143,8 @@ static void quantize_row(void *data, size_t row) {
     int64_t start = b * r->block;
     int64_t valid = task->k - start < r->block ? task->k - start : r->block;
     int64_t at = b * r->rows + (int64_t)row;
-    quantize_block(x + start, valid, r->block, r->q + at * r->block, r->scales + at,
-                   r->corrections + at);
+    quantize_block(x + start, valid, r->block, task->zero_point, r->q + at * r->block,
+                   r->scales + at, r->corrections + at);
   }
 }
 
@@ -198,22 +206,36 @@ static OrtStatus *attribute(const OrtKernelInfo *info, const char *name, int64_t
   return g_api->KernelInfoGetAttribute_int64(info, name, out);
 }
 
+static OrtCustomOp g_op4, g_op8;
+
 static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
                                              const OrtKernelInfo *info, void **kernel) {
-  (void)op;
   (void)api;
   Int4Kernel k;
   int64_t bits = 4;
   RETURN_IF_ERROR(attribute(info, "K", &k.k));
   RETURN_IF_ERROR(attribute(info, "N", &k.n));
   RETURN_IF_ERROR(attribute(info, "block_size", &k.block));
-  OrtStatus *missing = attribute(info, "bits", &bits);
-  if (missing != NULL) g_api->ReleaseStatus(missing); /* optional: 4 by default */
+  if (op == &g_op8) {
+    bits = 8;
+  } else {
+    OrtStatus *missing = attribute(info, "bits", &bits);
+    if (missing != NULL) g_api->ReleaseStatus(missing); /* optional: 4 by default */
+  }
   int block_ok = k.block == 64 || k.block == 128 || k.block == 256;
-  if (bits != 4 || !block_ok || k.k <= 0 || k.n <= 0 || k.n % 8 != 0)
+  if (bits != (op == &g_op8 ? 8 : 4) || !block_ok || k.k <= 0 || k.n <= 0 || k.n % 8 != 0)
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT,
-                               "Int4MatMul: needs bits=4, block_size 64, 128 or 256, N % 8 == 0");
-  k.multiply_strip = use_vnni() ? multiply_strip_vnni : multiply_strip_avx2;
+                               "Int4MatMul / Int8MatMul: needs bits=4 (Int4MatMul), block_size "
+                               "64, 128 or 256, N % 8 == 0");
+  int vnni = use_vnni();
+  k.bits = bits;
+  /* VNNI multiplies unsigned weights: int4's are offset by 8, int8's flipped to offset 128.
+   * The AVX2 path multiplies int8 weights as they are (signed), so nothing to take off. */
+  k.zero_point = bits == 4 ? 8.0f : (vnni ? 128.0f : 0.0f);
+  if (bits == 4)
+    k.multiply_strip = vnni ? multiply_strip4_vnni : multiply_strip4_avx2;
+  else
+    k.multiply_strip = vnni ? multiply_strip8_vnni : multiply_strip8_avx2;
   Int4Kernel *made = malloc(sizeof(Int4Kernel));
   if (made == NULL) return g_api->CreateStatus(ORT_FAIL, "Int4MatMul: out of memory");
   *made = k;
@@ -293,7 +315,8 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   const float *scales;
   int64_t blocks = (k->k + k->block - 1) / k->block;
   RETURN_IF_ERROR(input_data(context, 0, rows * k->k, (const void **)&a));
-  RETURN_IF_ERROR(input_data(context, 1, k->n * blocks * k->block / 2, (const void **)&b));
+  RETURN_IF_ERROR(
+      input_data(context, 1, k->n * blocks * k->block * k->bits / 8, (const void **)&b));
   RETURN_IF_ERROR(input_data(context, 2, k->n * blocks, (const void **)&scales));
   const float *bias;
   RETURN_IF_ERROR(input_data(context, 3, k->n, (const void **)&bias));
@@ -301,11 +324,12 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   QuantizedRows r;
   status = allocate_rows(&r, rows, k);
   if (status == NULL) {
-    QuantizeTask quantize = {a, &r, k->k};
+    QuantizeTask quantize = {a, &r, k->k, k->zero_point};
     status = g_api->KernelContext_ParallelFor(context, quantize_row, (size_t)rows, 0, &quantize);
   }
   if (status == NULL) {
-    MatMulTask multiply = {&r, b, scales, bias, y, k->n, r.blocks * k->block * 4, r.blocks * 8};
+    int64_t panel_bytes = r.blocks * k->block * k->bits; /* 8 columns x K' x bits / 8 */
+    MatMulTask multiply = {&r, b, scales, bias, y, k->n, panel_bytes, r.blocks * 8};
     size_t strips = (size_t)((k->n / 8 + STRIP_PANELS - 1) / STRIP_PANELS);
     status = g_api->KernelContext_ParallelFor(context, k->multiply_strip, strips, 0, &multiply);
   }
@@ -320,8 +344,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
 static void ORT_API_CALL destroy_kernel(void *kernel) { free(kernel); }
 
 static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
-  (void)op;
-  return "Int4MatMul";
+  return op == &g_op8 ? "Int8MatMul" : "Int4MatMul";
 }
 
 static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) {
@@ -330,8 +353,8 @@ static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) {
 }
 
 static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  if (index != 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  return op == &g_op8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
 }
 
 static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
@@ -379,30 +402,35 @@ static int ORT_API_CALL end_version(const OrtCustomOp *op) {
   return 1 << 30;
 }
 
-static OrtCustomOp g_op;
 static OrtCustomOpDomain *g_domain;
 static OrtStatus *g_domain_error;
 static pthread_once_t g_domain_once = PTHREAD_ONCE_INIT;
 
-/* Once per process: every session shares the op and its domain, which live as long as it. */
+static void fill_op(OrtCustomOp *op) {
+  op->version = ORT_API_VERSION;
+  op->GetName = op_name;
+  op->GetExecutionProviderType = op_provider;
+  op->GetInputType = input_type;
+  op->GetInputTypeCount = input_count;
+  op->GetOutputType = output_type;
+  op->GetOutputTypeCount = output_count;
+  op->KernelDestroy = destroy_kernel;
+  op->GetInputCharacteristic = input_characteristic;
+  op->GetOutputCharacteristic = output_characteristic;
+  op->GetInputMemoryType = memory_type;
+  op->CreateKernelV2 = create_kernel;
+  op->KernelComputeV2 = compute;
+  op->GetStartVersion = start_version;
+  op->GetEndVersion = end_version;
+}
+
+/* Once per process: every session shares the ops and their domain, which live as long as it. */
 static void make_domain(void) {
-  g_op.version = ORT_API_VERSION;
-  g_op.GetName = op_name;
-  g_op.GetExecutionProviderType = op_provider;
-  g_op.GetInputType = input_type;
-  g_op.GetInputTypeCount = input_count;
-  g_op.GetOutputType = output_type;
-  g_op.GetOutputTypeCount = output_count;
-  g_op.KernelDestroy = destroy_kernel;
-  g_op.GetInputCharacteristic = input_characteristic;
-  g_op.GetOutputCharacteristic = output_characteristic;
-  g_op.GetInputMemoryType = memory_type;
-  g_op.CreateKernelV2 = create_kernel;
-  g_op.KernelComputeV2 = compute;
-  g_op.GetStartVersion = start_version;
-  g_op.GetEndVersion = end_version;
+  fill_op(&g_op4);
+  fill_op(&g_op8);
   g_domain_error = g_api->CreateCustomOpDomain("tokenshop", &g_domain);
-  if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op);
+  if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op4);
+  if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op8);
 }
 
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {

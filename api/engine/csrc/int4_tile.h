@@ -16,7 +16,8 @@
 #define TILE_INLINE __attribute__((target(TILE_TARGET), always_inline)) static inline
 
 /* dot's lanes (one per column) += the products of 8 weights per column (`lo`: the even ones,
- * `hi`: the odd ones) with the row's 8 activations at `a` (4 even, then 4 odd). */
+ * `hi`: the odd ones; unsigned, at most 15 on the AVX2 path) with the row's 8 activations at
+ * `a` (4 even, then 4 odd). */
 TILE_INLINE __m256i TILE(dot8)(__m256i dot, __m256i lo, __m256i hi, const int8_t *a) {
   int32_t even, odd;
   memcpy(&even, a, 4);
@@ -31,12 +32,34 @@ TILE_INLINE __m256i TILE(dot8)(__m256i dot, __m256i lo, __m256i hi, const int8_t
 #endif
 }
 
+/* The same for int8 weights as they are. VNNI: flipped to unsigned (w + 128; the correction
+ * takes 128 x the activations off). AVX2: |w| times the activation with w's sign (llama.cpp's
+ * way), whose pairs, at most 2 x 128 x 127, fit an int16 only one product pair at a time. */
+TILE_INLINE __m256i TILE(dot8_int8)(__m256i dot, __m256i lo, __m256i hi, const int8_t *a) {
+#if TILE_VNNI
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  return TILE(dot8)(dot, _mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip), a);
+#else
+  int32_t even, odd;
+  memcpy(&even, a, 4);
+  memcpy(&odd, a + 4, 4);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i lo_pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(lo),
+                                          _mm256_sign_epi8(_mm256_set1_epi32(even), lo));
+  __m256i hi_pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(hi),
+                                          _mm256_sign_epi8(_mm256_set1_epi32(odd), hi));
+  dot = _mm256_add_epi32(dot, _mm256_madd_epi16(lo_pairs, ones));
+  return _mm256_add_epi32(dot, _mm256_madd_epi16(hi_pairs, ones));
+#endif
+}
+
 /* y[rows][panels * 8] = rows row0.. of the activations times `panels` panels from `b` (the
- * first panel's weights; `bscale` its scales). Inlined with constant `rows`, `panels` and
- * `groups` (weights per block / 8), so that the loops unroll and the sums live in registers. */
+ * first panel's weights, of `bits` 4 or 8; `bscale` its scales). Inlined with constant `rows`,
+ * `panels`, `groups` (weights per block / 8) and `bits`, so that the loops unroll and the sums
+ * live in registers. */
 TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, const int panels,
-                            const int groups, const uint8_t *b, const float *bscale,
-                            const float *bias, float *y) {
+                            const int groups, const int bits, const uint8_t *b,
+                            const float *bscale, const float *bias, float *y) {
   const QuantizedRows *r = t->rows;
   const __m256i low = _mm256_set1_epi8(0x0F);
   const int64_t block = r->block;
@@ -49,7 +72,7 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
     __m256i dot[TILE_ROWS][TILE_PANELS_MAX];
     for (int m = 0; m < rows; m++)
       for (int c = 0; c < panels; c++) dot[m][c] = _mm256_setzero_si256();
-    const uint8_t *bb = b + blk * block * 4;
+    const uint8_t *bb = b + blk * block * bits;  /* a group: 8 weights x 8 columns x bits / 8 */
     for (int g = 0; g < groups; g++) {
       /* Ask for the next tile's panels (same offset, a tile further on) into L2 while these
        * multiply, a line at a time: without it a tile's loads from memory and its multiplies
@@ -57,15 +80,24 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
        * memory idle. Measured on the engine's int4 step (AVX-512 VNNI host, 11 interleaved
        * segments): 1 row 13.66 -> 12.47 ms, 8 rows 25.96 -> 21.80 ms. Prefetching 2 KB ahead
        * in each panel's own stream instead gained nothing (13.66 -> 14.37, 25.96 -> 25.45). */
-      if ((g & 1) == 0)
+      if (bits == 8 || (g & 1) == 0)  /* a line of 64 bytes at a time */
         for (int c = 0; c < panels; c++)
-          _mm_prefetch((const char *)(bb + (c + panels) * t->panel_bytes + 32 * g), _MM_HINT_T1);
+          _mm_prefetch((const char *)(bb + (c + panels) * t->panel_bytes + 8 * bits * g),
+                       _MM_HINT_T1);
       for (int c = 0; c < panels; c++) {
-        __m256i packed = _mm256_loadu_si256((const __m256i *)(bb + c * t->panel_bytes + 32 * g));
-        __m256i lo = _mm256_and_si256(packed, low);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        for (int m = 0; m < rows; m++)
-          dot[m][c] = TILE(dot8)(dot[m][c], lo, hi, qa + m * block + 8 * g);
+        const uint8_t *group = bb + c * t->panel_bytes + 8 * bits * g;
+        if (bits == 4) {
+          __m256i packed = _mm256_loadu_si256((const __m256i *)group);
+          __m256i lo = _mm256_and_si256(packed, low);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+          for (int m = 0; m < rows; m++)
+            dot[m][c] = TILE(dot8)(dot[m][c], lo, hi, qa + m * block + 8 * g);
+        } else {
+          __m256i lo = _mm256_loadu_si256((const __m256i *)group);
+          __m256i hi = _mm256_loadu_si256((const __m256i *)(group + 32));
+          for (int m = 0; m < rows; m++)
+            dot[m][c] = TILE(dot8_int8)(dot[m][c], lo, hi, qa + m * block + 8 * g);
+        }
       }
     }
     /* sb * (sa * dot - sa * 8 * sum(qa)): the zero point's share taken off per block */
@@ -90,54 +122,63 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
 
 /* Rows [row0, row0 + rows) against `panels` panels from panel p, in tiles of TILE_ROWS. */
 TILE_INLINE void TILE(rows_of)(const MatMulTask *t, int64_t row0, int64_t rows, int64_t p,
-                               const int panels, const int groups) {
+                               const int panels, const int groups, const int bits) {
   const uint8_t *b = t->b + p * t->panel_bytes;
   const float *bscale = t->scales + p * t->panel_scales;
   const float *bias = t->bias != NULL ? t->bias + p * 8 : NULL;
   float *y = t->y + row0 * t->n + p * 8;
   int64_t m = 0;
   for (; m + TILE_ROWS <= rows; m += TILE_ROWS)
-    TILE(tile)(t, row0 + m, TILE_ROWS, panels, groups, b, bscale, bias, y + m * t->n);
+    TILE(tile)(t, row0 + m, TILE_ROWS, panels, groups, bits, b, bscale, bias, y + m * t->n);
   switch (rows - m) {
 #if TILE_ROWS > 3
-    case 3: TILE(tile)(t, row0 + m, 3, panels, groups, b, bscale, bias, y + m * t->n); break;
+    case 3: TILE(tile)(t, row0 + m, 3, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
 #endif
 #if TILE_ROWS > 2
-    case 2: TILE(tile)(t, row0 + m, 2, panels, groups, b, bscale, bias, y + m * t->n); break;
+    case 2: TILE(tile)(t, row0 + m, 2, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
 #endif
-    case 1: TILE(tile)(t, row0 + m, 1, panels, groups, b, bscale, bias, y + m * t->n); break;
+    case 1: TILE(tile)(t, row0 + m, 1, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
     default: break;
   }
 }
 
-/* A strip's panels for every row; `groups` constant after inlining. */
+/* A strip's panels for every row; `groups` and `bits` constant after inlining. */
 TILE_INLINE void TILE(strip_of)(const MatMulTask *t, int64_t first, int64_t last,
-                                const int groups) {
+                                const int groups, const int bits) {
   const int64_t all_rows = t->rows->rows;
   for (int64_t row0 = 0; row0 < all_rows; row0 += ROW_PANEL) {
     int64_t rows = all_rows - row0 < ROW_PANEL ? all_rows - row0 : ROW_PANEL;
     int64_t p = first;
     if (rows == 1)
       for (; p + TILE_PANELS_ONE_ROW <= last; p += TILE_PANELS_ONE_ROW)
-        TILE(tile)(t, row0, 1, TILE_PANELS_ONE_ROW, groups, t->b + p * t->panel_bytes,
+        TILE(tile)(t, row0, 1, TILE_PANELS_ONE_ROW, groups, bits, t->b + p * t->panel_bytes,
                    t->scales + p * t->panel_scales, t->bias != NULL ? t->bias + p * 8 : NULL,
                    t->y + row0 * t->n + p * 8);
     for (; p + TILE_PANELS <= last; p += TILE_PANELS)
-      TILE(rows_of)(t, row0, rows, p, TILE_PANELS, groups);
-    for (; p < last; p++) TILE(rows_of)(t, row0, rows, p, 1, groups);
+      TILE(rows_of)(t, row0, rows, p, TILE_PANELS, groups, bits);
+    for (; p < last; p++) TILE(rows_of)(t, row0, rows, p, 1, groups, bits);
   }
 }
 
-__attribute__((target(TILE_TARGET))) static void TILE(multiply_strip)(void *data, size_t strip) {
+/* One parallel task: strip `strip` of 4-bit (or 8-bit) weights. */
+TILE_INLINE void TILE(multiply_strip)(void *data, size_t strip, const int bits) {
   const MatMulTask *t = data;
   int64_t first = (int64_t)strip * STRIP_PANELS;
   int64_t last = first + STRIP_PANELS < t->n / 8 ? first + STRIP_PANELS : t->n / 8;
   switch (t->rows->block / 8) {
-    case 8: TILE(strip_of)(t, first, last, 8); break;
-    case 16: TILE(strip_of)(t, first, last, 16); break;
-    case 32: TILE(strip_of)(t, first, last, 32); break;
+    case 8: TILE(strip_of)(t, first, last, 8, bits); break;
+    case 16: TILE(strip_of)(t, first, last, 16, bits); break;
+    case 32: TILE(strip_of)(t, first, last, 32, bits); break;
     default: break; /* refused when the kernel is created */
   }
+}
+
+__attribute__((target(TILE_TARGET))) static void TILE(multiply_strip4)(void *data, size_t strip) {
+  TILE(multiply_strip)(data, strip, 4);
+}
+
+__attribute__((target(TILE_TARGET))) static void TILE(multiply_strip8)(void *data, size_t strip) {
+  TILE(multiply_strip)(data, strip, 8);
 }
 
 #undef TILE_INLINE
