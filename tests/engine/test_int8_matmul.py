@@ -121,7 +121,7 @@ def test_op_computes_the_int8_product_for_every_batch_size(
 ) -> None:
     ours = session(projection_model(k, n, per_column=per_column), library)
     rng = np.random.default_rng(7)
-    for rows in (1, 2, 3, 4, 5, 8, 13, 70):
+    for rows in (1, 2, 3, 4, 5, 7, 8, 13, 70):
         a = rng.standard_normal((rows, k)).astype(np.float32)
         a[0, 0] = 40.0  # an outlier: its block's scale is its own, not the row's
         got, want = ours.run(None, {"x": a})[0], int8_product(a, k, n, per_column)

@@ -169,7 +169,11 @@ static void quantize_row(void *data, size_t row) {
 #define TILE_TARGET "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"
 #define TILE(name) name##_vnni
 #define TILE_VNNI 1
-#define TILE_ROWS 4
+/* 8 rows: a batch of 8 decoding streams in one pass over the weights, each group unpacked once
+ * for all 8 (16 sums in registers; the block sums spill, touched once per block). Against 4 x 2
+ * (engine int4 step, 15 interleaved segments): 8 rows 20.60 -> 19.62 ms, 4 rows the same; per
+ * projection, 8 and 28 rows 0-19% faster but for down at 8 rows, 64 rows +-10% (noise here). */
+#define TILE_ROWS 8
 #define TILE_PANELS 2
 #define TILE_PANELS_ONE_ROW 4
 #define TILE_PANELS_MAX 4

@@ -131,6 +131,12 @@ TILE_INLINE void TILE(rows_of)(const MatMulTask *t, int64_t row0, int64_t rows, 
   for (; m + TILE_ROWS <= rows; m += TILE_ROWS)
     TILE(tile)(t, row0 + m, TILE_ROWS, panels, groups, bits, b, bscale, bias, y + m * t->n);
   switch (rows - m) {
+#if TILE_ROWS > 7
+    case 7: TILE(tile)(t, row0 + m, 7, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+    case 6: TILE(tile)(t, row0 + m, 6, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+    case 5: TILE(tile)(t, row0 + m, 5, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+    case 4: TILE(tile)(t, row0 + m, 4, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+#endif
 #if TILE_ROWS > 3
     case 3: TILE(tile)(t, row0 + m, 3, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
 #endif
