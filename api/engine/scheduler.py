@@ -1,10 +1,11 @@
 """The batching loop: one thread per model owns the batch (TGI's `batching_task`, vLLM's core).
 
-Each iteration: take aborts and newly queued requests under a lock; start each new prompt from the
-longest computed prefix its scope left behind (`prefix_cache.py`); drop aborted sequences; spend
-at most `max_prefill_tokens` prompt tokens on prefill (`prefill.py`: short prompts whole and
-batched, a long one in chunks over several iterations), sampling a request's first token when its
-prompt is complete and joining its cache to the batch; run ONE batched decode call that adds a
+Each iteration: take aborts under a lock; drop aborted sequences; admit queued requests, each
+starting from the longest computed prefix its scope left behind (`prefix_cache.py`); spend at
+most `max_prefill_tokens` prompt tokens on prefill (`prefill.py`: short prompts whole and
+batched, a long one in chunks over several iterations), admitting requests that arrive meanwhile
+while the budget lasts, sampling a request's first token when its prompt is complete and joining
+its cache to the batch; run ONE batched decode call that adds a
 token to every active sequence; sample all rows at once; hand each request its delta; filter out
 finished sequences, keeping their keys/values for a next turn. ONNX Runtime releases the
 GIL while it runs, so the asyncio loop stays responsive; results cross to it with
@@ -18,6 +19,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from api.engine.batch import PaddedBatch
@@ -172,25 +174,18 @@ class Scheduler:
                     self._prefilling.remove(item)
                     self._batch.discard(item)
                     deliveries.append((item.seq, END))
-            admitted = [Prefill(seq) for seq in self._admit()]
-            self._prefilling.extend(admitted)
-        for item in admitted:
-            self._reuse_prefix(item)
         for seq in self._batch.seqs:
             if seq.request_id in aborted:
                 seq.aborted = True
                 deliveries.append((seq, END))
         self._filter()
 
-        deliveries.extend(self._run_prefills())
         self._deliver(deliveries)
-        deliveries = []
-
+        self._prefill_within_budget()
         if self._batch.seqs:
-            for seq, output in self._decode():
-                deliveries.append((seq, output))
+            decoded = self._decode()
             self._filter()
-        self._deliver(deliveries)
+            self._deliver(decoded)
 
     def _admit(self) -> list[Sequence]:
         """Pop queued requests while there is room in the batch (caller holds the lock)."""
@@ -229,12 +224,39 @@ class Scheduler:
                 prompt = item.seq.request.prompt_token_ids
                 self._prefixes.store(scope, prompt, self._batch.prefilled_kv(item))
 
-    def _run_prefills(self) -> list[tuple[Sequence, Delivery]]:
-        """This iteration's prefill calls; completed prompts get their first token and join."""
+    def _prefill_within_budget(self) -> None:
+        """Spend this iteration's prompt-token budget, admitting requests that arrived while
+        it was being spent, before the decode step.
+
+        Requests that clients send together reach the engine a few ms apart (each places its
+        hold first), so the first of a burst is often prefilled alone. Without the second look,
+        the rest waited for a decode step of the first, and then finished a step after it: an
+        8-stream burst over HTTP ran one extra decode step at each end (~50 ms of ~1.9 s).
+        The budget still bounds how long running streams wait for their next token."""
+        budget = self.limits.max_prefill_tokens
+        self._admit_arrivals()
+        while True:
+            deliveries, spent = self._run_prefills(budget)
+            self._deliver(deliveries)  # first tokens go out before the next prompts run
+            budget -= spent
+            if budget <= 0 or not self._admit_arrivals():
+                return
+
+    def _admit_arrivals(self) -> bool:
+        """Admit queued requests while there is room, each from its longest cached prefix;
+        whether any was. (One aborted meanwhile leaves at the next iteration's start.)"""
+        with self._cond:
+            admitted = [Prefill(seq) for seq in self._admit()]
+            self._prefilling.extend(admitted)
+        for item in admitted:
+            self._reuse_prefix(item)
+        return bool(admitted)
+
+    def _run_prefills(self, budget: int) -> tuple[list[tuple[Sequence, Delivery]], int]:
+        """Prefill calls within `budget` prompt tokens; completed prompts get their first token
+        and join. Returns the deliveries and the tokens spent (padding included)."""
         deliveries: list[tuple[Sequence, Delivery]] = []
-        calls = plan_prefill(
-            self._prefilling, self.limits.max_prefill_tokens, grouping=self._batch.grouping
-        )
+        calls = plan_prefill(self._prefilling, budget, grouping=self._batch.grouping)
         for call in calls:
             completes = call.completes  # read before the call advances the prompts
             logits = self._batch.prefill(call)
@@ -251,7 +273,7 @@ class Scheduler:
                 if item.seq.finished:
                     self._batch.discard(item)
             self._batch.join([item for item in call.group if not item.seq.finished])
-        return deliveries
+        return deliveries, sum(call.tokens * len(call.group) for call in calls)
 
     def _decode(self) -> list[tuple[Sequence, GenerationOutput]]:
         """One decode step for every active sequence."""
@@ -267,7 +289,7 @@ class Scheduler:
             self._batch.drop_finished()
 
     @staticmethod
-    def _deliver(deliveries: list[tuple[Sequence, Delivery]]) -> None:
+    def _deliver(deliveries: Iterable[tuple[Sequence, Delivery]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delivery]]] = (
             defaultdict(list)
         )

@@ -215,3 +215,49 @@ def test_a_request_aborted_part_way_through_its_prefill_never_joins() -> None:
     scheduler.step()
 
     assert list(long.queue) == [END] and scheduler.counts() == (0, 0)
+
+
+def arrives_during_first_prefill(engine, late) -> None:  # noqa: ANN001 - LocalEngine, Sequence
+    """Make `late` reach the queue while the batch's next prefill call runs, as a request whose
+    hold was placed a few ms after its neighbours' reaches a running engine."""
+    batch = engine.scheduler._batch
+    prefill = batch.prefill
+
+    def prefill_then_arrive(call):  # noqa: ANN001, ANN202 - the batch's own signature
+        batch.prefill = prefill
+        logits = prefill(call)
+        engine.scheduler.submit(late)
+        return logits
+
+    batch.prefill = prefill_then_arrive
+
+
+def test_a_request_arriving_during_prefill_joins_before_the_decode_step() -> None:
+    engine = make_engine(DEMO_DIR)
+    scheduler = engine.scheduler
+    first = manual_sequence(engine, greedy("first", PROMPT, 5))
+    late = manual_sequence(engine, greedy("late", PROMPT[:7], 5))
+    arrives_during_first_prefill(engine, late)
+    scheduler.submit(first)
+
+    scheduler.step()
+
+    # Both prompts prefilled (a first token each) and one decode step for the two of them.
+    assert (len(first.queue), len(late.queue)) == (2, 2)
+    assert scheduler.last_batch_size == 2 and scheduler.counts() == (2, 0)
+
+
+def test_arrivals_wait_for_the_next_step_once_the_prefill_budget_is_spent() -> None:
+    engine = make_engine(DEMO_DIR, max_prefill_tokens=len(PROMPT))
+    scheduler = engine.scheduler
+    first = manual_sequence(engine, greedy("first", PROMPT, 5))
+    late = manual_sequence(engine, greedy("late", PROMPT[:7], 5))
+    arrives_during_first_prefill(engine, late)
+    scheduler.submit(first)
+
+    scheduler.step()
+
+    assert (len(first.queue), len(late.queue)) == (2, 0)
+    assert scheduler.last_batch_size == 1 and scheduler.counts() == (1, 1)
+    scheduler.step()
+    assert (len(first.queue), len(late.queue)) == (3, 2) and scheduler.last_batch_size == 2
