@@ -58,13 +58,13 @@ def preferred_library(library: Path | None = None) -> Path | None:
     elif not runs_here(library):
         reason = "this CPU lacks AVX2/FMA"
     else:
-        log.info("int4 projections run on our kernel (%s, %s)", library, _isa(library))
+        log.info("int4 projections run on our kernel (%s, %s)", library, isa_of(library))
         return library
     log.info("int4 projections run on ONNX Runtime's MatMulNBits: %s", reason)
     return None
 
 
-def _isa(library: Path) -> str:
+def isa_of(library: Path) -> str:
     """The instruction set the library's kernels multiply with here."""
     isa = ctypes.CDLL(str(library)).tokenshop_int4_isa
     isa.restype = ctypes.c_char_p

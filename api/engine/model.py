@@ -24,6 +24,7 @@ from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
 from api.engine.int4_kernel import register as register_int4_kernel
 from api.engine.int4_kernel import use_int4_kernel
+from api.engine.int8_matmul import runs_faster_here as int8_kernel_runs_faster
 from api.engine.int8_matmul import use_int8_kernel
 from api.engine.last_logits import EDIT_TAG, slice_last_position
 from api.engine.merged_projections import merge_projections
@@ -160,17 +161,19 @@ def _can_edit() -> bool:
 
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
-INT4_KERNEL_TAG = "int4-kernel-v3+int8-v1"
+INT4_KERNEL_TAG = "int4-kernel-v3"
+INT8_KERNEL_TAG = "int8-kernel-v1"
 
 
 def _graph_source(
-    model_file: Path, config: dict[str, Any], *, fuse: bool, int4_kernel: bool
+    model_file: Path, config: dict[str, Any], *, fuse: bool, int4_kernel: bool, int8_kernel: bool
 ) -> str | bytes:
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`);
     when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
     int4 matrix multiply per group of sibling projections (`merged_projections.py`); when
-    `int4_kernel`, to run int4 projections and dynamically quantized int8 ones with our ops
-    (`int4_kernel.py`, `int8_matmul.py`): where each edit applies. Else the file as exported."""
+    `int4_kernel`, to run int4 projections with our op (`int4_kernel.py`), and when
+    `int8_kernel`, dynamically quantized int8 ones (`int8_matmul.py`): where each edit applies.
+    Else the file as exported."""
     import onnx
 
     try:
@@ -181,7 +184,9 @@ def _graph_source(
     fused = fuse and fuse_attention(proto, config)
     if fused:
         merge_projections(proto)
-    ours = int4_kernel and use_int4_kernel(proto) + use_int8_kernel(proto) > 0
+    ours = int4_kernel and use_int4_kernel(proto) > 0
+    if int8_kernel and use_int8_kernel(proto) > 0:
+        ours = True
     return proto.SerializeToString() if sliced or fused or ours else str(model_file)
 
 
@@ -231,8 +236,9 @@ class OnnxCausalLM:
         fuse_attention: bool = True,
         int4_kernel: Path | None = None,
     ) -> None:
-        """`int4_kernel`: our int4 op's library (`int4_kernel.preferred_library()`), or None
-        to run int4 graphs with ONNX Runtime's `MatMulNBits`."""
+        """`int4_kernel`: our op library (`int4_kernel.preferred_library()`), or None to run
+        int4 graphs with ONNX Runtime's `MatMulNBits`. With it, dynamically quantized int8
+        projections run on its int8 op too where that is faster (`int8_matmul.py`)."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -241,15 +247,18 @@ class OnnxCausalLM:
             raise ModelLoadError(f"{model_file}: missing; not an Optimum ONNX export dir")
         load: Callable[[], str | bytes]
         if _can_edit():
+            int8_kernel = int4_kernel is not None and int8_kernel_runs_faster(int4_kernel)
             load = partial(
                 _graph_source,
                 model_file,
                 self.config,
                 fuse=fuse_attention,
                 int4_kernel=int4_kernel is not None,
+                int8_kernel=int8_kernel,
             )
             tag = f"{EDIT_TAG}+{FUSED_TAG}" if fuse_attention else EDIT_TAG
             tag += f"+{INT4_KERNEL_TAG}" if int4_kernel is not None else ""
+            tag += f"+{INT8_KERNEL_TAG}" if int8_kernel else ""
         else:
             load, tag, int4_kernel = partial(str, model_file), "as exported", None
         try:

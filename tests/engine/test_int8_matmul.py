@@ -19,8 +19,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from api.engine import model as engine_model
 from api.engine.int4_kernel import DOMAIN
-from api.engine.int8_matmul import OP_TYPE, use_int8_kernel
+from api.engine.int8_matmul import OP_TYPE, runs_faster_here, use_int8_kernel
 from api.engine.ort_cache import MODEL_FILE
 from tests.engine.conftest import make_engine, quantized_copy
 from tests.engine.test_fused_attention import prefill_and_decode
@@ -191,6 +192,20 @@ def test_graph_edit_removes_the_activations_quantizer_once_nothing_reads_it() ->
     assert "x.q" not in ops and "q.int32" not in ops and "k.scales" not in ops
 
 
+@pytest.fixture
+def served_with_our_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine serves int8 projections with our op on any CPU, not only where it is chosen
+    (AVX-512 VNNI): its AVX2 path is served the same way, and checked the same way."""
+    monkeypatch.setattr(engine_model, "int8_kernel_runs_faster", lambda library: True)
+
+
+def test_our_op_serves_only_where_it_multiplies_with_vnni(
+    library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKENSHOP_INT4_ISA", "avx2")
+    assert not runs_faster_here(library)
+
+
 @pytest.fixture(scope="module")
 def int8_export(tied_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return quantized_copy(tied_export, tmp_path_factory.mktemp("int8") / "model", "int8")
@@ -202,6 +217,7 @@ def served_ops(export: Path, library: Path, cache: Path) -> list[onnx.NodeProto]
     return list(onnx.load(str(cached), load_external_data=False).graph.node)
 
 
+@pytest.mark.usefixtures("served_with_our_op")
 def test_served_int8_export_runs_every_projection_and_the_head_with_our_op(
     library: Path, int8_export: Path, tmp_path: Path
 ) -> None:
@@ -214,6 +230,7 @@ def test_served_int8_export_runs_every_projection_and_the_head_with_our_op(
     assert len(biased) == 3 * layers  # qwen2's q, k and v biases, folded into the op
 
 
+@pytest.mark.usefixtures("served_with_our_op")
 def test_served_int4_export_runs_its_int8_head_with_our_op(
     library: Path, tied_export: Path, tmp_path: Path
 ) -> None:
@@ -223,6 +240,15 @@ def test_served_int4_export_runs_its_int8_head_with_our_op(
     assert "MatMulInteger" not in ops and "DynamicQuantizeMatMul" not in ops
 
 
+def test_where_our_op_is_not_chosen_the_int8_export_keeps_onnx_runtime_kernel(
+    library: Path, int8_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_model, "int8_kernel_runs_faster", lambda library: False)
+    ops = [node.op_type for node in served_ops(int8_export, library, tmp_path)]
+    assert OP_TYPE not in ops and "DynamicQuantizeMatMul" in ops
+
+
+@pytest.mark.usefixtures("served_with_our_op")
 def test_engine_logits_stay_within_activation_rounding_of_onnx_runtime(
     library: Path, int8_export: Path
 ) -> None:
