@@ -11,12 +11,16 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from api.engine.engine import LocalEngine
 from api.engine.int4_kernel import default_library, runs_here
@@ -119,6 +123,54 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     else:
         monkeypatch.delenv("TOKENSHOP_INT4_ISA", raising=False)
     return str(request.param)
+
+
+def activation_batches(k: int) -> Iterator[np.ndarray]:
+    """Inputs [rows, k] for our ops: 1 to 70 rows (decode steps of 1 to 8 sequences, every
+    remainder of a tile, a prefill chunk), each with an outlier in the first block, whose scale
+    must be that block's own, not the row's."""
+    rng = np.random.default_rng(7)
+    for rows in (1, 2, 3, 4, 5, 7, 8, 13, 70):
+        a = rng.standard_normal((rows, k)).astype(np.float32)
+        a[0, 0] = 40.0
+        yield a
+
+
+def projection_session(
+    nodes: list[onnx.NodeProto],
+    initializers: list[onnx.TensorProto],
+    shape: tuple[int, int, int],
+    *,
+    library: Path | None,
+    edit: Any,
+    bias: np.ndarray | None = None,
+) -> ort.InferenceSession:
+    """A graph of one projection from input `x` [.., K] to `Y` [.., N] (`shape`: rank, K, N),
+    written by `nodes` ending in `Y`, with a bias `Add` behind it if given; run by ONNX
+    Runtime's kernels, or with `library`, after `edit` (a graph edit of ours) moved the
+    projection onto our op."""
+    rank, k, n = shape
+    nodes, initializers = list(nodes), list(initializers)
+    if bias is not None:
+        nodes[-1].output[0] = "product"
+        nodes.append(helper.make_node("Add", ["product", "bias"], ["Y"]))
+        initializers.append(numpy_helper.from_array(bias, "bias"))
+    leading = ["d0", "d1"][: rank - 1]
+    graph = helper.make_graph(
+        nodes,
+        "projection",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*leading, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*leading, n])],
+        initializers,
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    if library is not None:
+        assert edit(model) == 1
+        options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
 
 
 def quantized_copy(source: Path, dest: Path, method: str) -> Path:

@@ -23,7 +23,12 @@ from api.engine import model as engine_model
 from api.engine.int4_kernel import DOMAIN
 from api.engine.int8_matmul import OP_TYPE, runs_faster_here, use_int8_kernel
 from api.engine.ort_cache import MODEL_FILE
-from tests.engine.conftest import make_engine, quantized_copy
+from tests.engine.conftest import (
+    activation_batches,
+    make_engine,
+    projection_session,
+    quantized_copy,
+)
 from tests.engine.test_fused_attention import prefill_and_decode
 
 
@@ -69,36 +74,22 @@ def projection_initializers(
     ]
 
 
-def projection_model(
-    k: int, n: int, *, per_column: bool = False, bias: np.ndarray | None = None, rank: int = 2
-) -> onnx.ModelProto:
+def projection_model_session(
+    k: int,
+    n: int,
+    library: Path | None,
+    *,
+    per_column: bool = False,
+    bias: np.ndarray | None = None,
+    rank: int = 2,
+) -> ort.InferenceSession:
+    """A dynamically quantized projection (+ bias `Add`); with `library`, on our op."""
     weights, scale = int8_weights(k, n, per_column, seed=k + n)
     nodes = [quantize_node(), *projection_nodes("Y")]
     initializers = projection_initializers("Y", weights, scale)
-    if bias is not None:
-        nodes[-1].output[0] = "product"
-        nodes.append(helper.make_node("Add", ["product", "bias"], ["Y"]))
-        initializers.append(numpy_helper.from_array(bias, "bias"))
-    leading = ["d0", "d1"][: rank - 1]
-    graph = helper.make_graph(
-        nodes,
-        "projection",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*leading, k])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*leading, n])],
-        initializers,
+    return projection_session(
+        nodes, initializers, (rank, k, n), library=library, edit=use_int8_kernel, bias=bias
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def session(model: onnx.ModelProto, library: Path | None) -> ort.InferenceSession:
-    """ONNX Runtime's kernels for the graph as written; with `library`, edited to run our op."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    if library is not None:
-        model = onnx.ModelProto.FromString(model.SerializeToString())
-        assert use_int8_kernel(model) == 1
-        options.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
 
 
 def int8_product(a: np.ndarray, k: int, n: int, per_column: bool) -> np.ndarray:
@@ -120,13 +111,10 @@ def int8_product(a: np.ndarray, k: int, n: int, per_column: bool) -> np.ndarray:
 def test_op_computes_the_int8_product_for_every_batch_size(
     library: Path, isa: str, k: int, n: int, per_column: bool
 ) -> None:
-    ours = session(projection_model(k, n, per_column=per_column), library)
-    rng = np.random.default_rng(7)
-    for rows in (1, 2, 3, 4, 5, 7, 8, 13, 70):
-        a = rng.standard_normal((rows, k)).astype(np.float32)
-        a[0, 0] = 40.0  # an outlier: its block's scale is its own, not the row's
+    ours = projection_model_session(k, n, library, per_column=per_column)
+    for a in activation_batches(k):
         got, want = ours.run(None, {"x": a})[0], int8_product(a, k, n, per_column)
-        assert got.shape == (rows, n)
+        assert got.shape == (len(a), n)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
@@ -135,7 +123,7 @@ def test_op_is_close_to_the_float_product(library: Path, isa: str) -> None:
     k, n = 512, 64
     weights, scale = int8_weights(k, n, False, seed=k + n)
     a = np.random.default_rng(5).standard_normal((8, k)).astype(np.float32)
-    got = session(projection_model(k, n), library).run(None, {"x": a})[0]
+    got = projection_model_session(k, n, library).run(None, {"x": a})[0]
     want = a @ (weights.astype(np.float32) * scale)
     assert np.abs(got - want).max() < 0.01 * np.abs(want).max()
 
@@ -143,7 +131,7 @@ def test_op_is_close_to_the_float_product(library: Path, isa: str) -> None:
 def test_op_takes_batched_inputs_adds_its_bias_and_empty_ones(library: Path) -> None:
     k, n = 256, 48
     bias = np.linspace(-1, 1, n, dtype=np.float32)
-    plain, biased = (session(projection_model(k, n, bias=b, rank=3), library) for b in (None, bias))
+    plain, biased = (projection_model_session(k, n, library, bias=b, rank=3) for b in (None, bias))
     a = np.random.default_rng(3).standard_normal((2, 5, k)).astype(np.float32)
     want = int8_product(a.reshape(10, k), k, n, False).reshape(2, 5, n)
     np.testing.assert_allclose(plain.run(None, {"x": a})[0], want, rtol=1e-5, atol=1e-5)

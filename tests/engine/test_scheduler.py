@@ -232,15 +232,19 @@ def arrives_during_first_prefill(engine, late) -> None:  # noqa: ANN001 - LocalE
     batch.prefill = prefill_then_arrive
 
 
-def test_a_request_arriving_during_prefill_joins_before_the_decode_step() -> None:
-    engine = make_engine(DEMO_DIR)
-    scheduler = engine.scheduler
+def step_with_a_late_arrival(**limits: int):  # noqa: ANN201 - (Scheduler, Sequence, Sequence)
+    """One step of a scheduler whose first request is joined by another during its prefill."""
+    engine = make_engine(DEMO_DIR, **limits)
     first = manual_sequence(engine, greedy("first", PROMPT, 5))
     late = manual_sequence(engine, greedy("late", PROMPT[:7], 5))
     arrives_during_first_prefill(engine, late)
-    scheduler.submit(first)
+    engine.scheduler.submit(first)
+    engine.scheduler.step()
+    return engine.scheduler, first, late
 
-    scheduler.step()
+
+def test_a_request_arriving_during_prefill_joins_before_the_decode_step() -> None:
+    scheduler, first, late = step_with_a_late_arrival()
 
     # Both prompts prefilled (a first token each) and one decode step for the two of them.
     assert (len(first.queue), len(late.queue)) == (2, 2)
@@ -248,14 +252,7 @@ def test_a_request_arriving_during_prefill_joins_before_the_decode_step() -> Non
 
 
 def test_arrivals_wait_for_the_next_step_once_the_prefill_budget_is_spent() -> None:
-    engine = make_engine(DEMO_DIR, max_prefill_tokens=len(PROMPT))
-    scheduler = engine.scheduler
-    first = manual_sequence(engine, greedy("first", PROMPT, 5))
-    late = manual_sequence(engine, greedy("late", PROMPT[:7], 5))
-    arrives_during_first_prefill(engine, late)
-    scheduler.submit(first)
-
-    scheduler.step()
+    scheduler, first, late = step_with_a_late_arrival(max_prefill_tokens=len(PROMPT))
 
     assert (len(first.queue), len(late.queue)) == (2, 0)
     assert scheduler.last_batch_size == 1 and scheduler.counts() == (1, 1)
