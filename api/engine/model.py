@@ -29,6 +29,7 @@ from api.engine.int8_matmul import use_int8_kernel
 from api.engine.last_logits import EDIT_TAG, slice_last_position
 from api.engine.merged_projections import merge_projections
 from api.engine.ort_cache import open_session
+from api.engine.swiglu import fold_swiglu
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.json"
@@ -161,7 +162,7 @@ def _can_edit() -> bool:
 
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
-INT4_KERNEL_TAG = "int4-kernel-v3"
+INT4_KERNEL_TAG = "int4-kernel-v4+swiglu"
 INT8_KERNEL_TAG = "int8-kernel-v1"
 
 
@@ -171,7 +172,8 @@ def _graph_source(
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`);
     when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
     int4 matrix multiply per group of sibling projections (`merged_projections.py`); when
-    `int4_kernel`, to run int4 projections with our op (`int4_kernel.py`), and when
+    `int4_kernel`, to run int4 projections with our op (`int4_kernel.py`), a SwiGLU MLP's
+    activation in it (`swiglu.py`), and when
     `int8_kernel`, dynamically quantized int8 ones (`int8_matmul.py`): where each edit applies.
     Else the file as exported."""
     import onnx
@@ -185,6 +187,8 @@ def _graph_source(
     if fused:
         merge_projections(proto)
     ours = int4_kernel and use_int4_kernel(proto) > 0
+    if ours:
+        fold_swiglu(proto)
     if int8_kernel and use_int8_kernel(proto) > 0:
         ours = True
     return proto.SerializeToString() if sliced or fused or ours else str(model_file)

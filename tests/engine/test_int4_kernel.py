@@ -237,6 +237,8 @@ def test_served_graph_runs_every_int4_projection_with_our_op(
     layers = json.loads((int4_export / "config.json").read_text())["num_hidden_layers"]
     assert ops.count(OP_TYPE) == 4 * layers  # merged q/k/v, o, merged gate/up, down
     assert "MatMulNBits" not in ops
+    swiglu = [n for n in nodes if any(a.name == "swiglu" and a.i == 1 for a in n.attribute)]
+    assert len(swiglu) == layers and not {"Sigmoid", "QuickGelu"} & set(ops)
     biased = [node for node in nodes if node.op_type == OP_TYPE and len(node.input) == 4]
     assert len(biased) == layers  # qwen2's q/k/v biases, folded into the op
     # the weights' regrouping ran once, at load: the cached graph holds its results

@@ -17,10 +17,14 @@
  *   bias    [N], optional: the edit takes it from an Add behind the node
  * Supported: bits 4, no zero points (the quantizer's symmetric mode: zero point 8), block_size
  * 64, 128 or 256, N a multiple of 8.
- * Int8MatMul takes the same attributes (no `bits`) and inputs, with B of int8 weights:
+ * With `swiglu` = 1 (the edit sets it on a SwiGLU MLP's merged gate/up projection), the panels
+ * alternate gate, up (N a multiple of 16) and Y is [.., N / 2] = silu(gate) * up: the MLP's
+ * Split, Sigmoid and two Muls run in the kernel's last step instead of as four ops.
+ * Int8MatMul takes the same attributes (no `bits`, no `swiglu`) and inputs, with int8 weights:
  *   B       [N / 8][K' / 8][2][8][4]: per panel and group of 8 weights, the 4 even-indexed
  *           weights of each column, then the 4 odd-indexed ones (the activations' order)
- * and the scales per block as above (a per-tensor scale repeated). The activations are quantized to int8 per block, as ORT's
+ * and the scales per block as above (a per-tensor scale repeated).
+ * The activations are quantized to int8 per block, as ORT's
  * accuracy_level 4 does; everything else is exact integer arithmetic. AVX-512 VNNI's vpdpbusd
  * multiplies where the CPU has it (TOKENSHOP_INT4_ISA=avx2 in the environment of the process
  * forces the AVX2 path, for tests and benchmarks), AVX2 elsewhere.
@@ -60,7 +64,9 @@ typedef struct {
   const float *scales;
   const float *bias; /* [n], or NULL */
   float *y;
-  int64_t n;
+  int64_t n;            /* B's columns */
+  int64_t y_stride;     /* Y's: n, or n / 2 with `swiglu` */
+  int swiglu;           /* Y = silu(gate panel) * up panel, panels alternating gate, up */
   int64_t panel_bytes;  /* B's bytes per panel of 8 columns */
   int64_t panel_scales; /* scales per panel */
 } MatMulTask;
@@ -68,7 +74,7 @@ typedef struct {
 typedef void (*StripFunction)(void *task, size_t strip);
 
 typedef struct {
-  int64_t k, n, block, bits;
+  int64_t k, n, block, bits, swiglu;
   float zero_point;
   StripFunction multiply_strip;
 } Int4Kernel;
@@ -220,17 +226,21 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   RETURN_IF_ERROR(attribute(info, "K", &k.k));
   RETURN_IF_ERROR(attribute(info, "N", &k.n));
   RETURN_IF_ERROR(attribute(info, "block_size", &k.block));
+  k.swiglu = 0;
   if (op == &g_op8) {
     bits = 8;
   } else {
     OrtStatus *missing = attribute(info, "bits", &bits);
     if (missing != NULL) g_api->ReleaseStatus(missing); /* optional: 4 by default */
+    missing = attribute(info, "swiglu", &k.swiglu);
+    if (missing != NULL) g_api->ReleaseStatus(missing); /* optional: 0 by default */
   }
   int block_ok = k.block == 64 || k.block == 128 || k.block == 256;
-  if (bits != (op == &g_op8 ? 8 : 4) || !block_ok || k.k <= 0 || k.n <= 0 || k.n % 8 != 0)
+  int n_ok = k.n > 0 && k.n % (k.swiglu ? 16 : 8) == 0;
+  if (bits != (op == &g_op8 ? 8 : 4) || !block_ok || k.k <= 0 || !n_ok)
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT,
                                "Int4MatMul / Int8MatMul: needs bits=4 (Int4MatMul), block_size "
-                               "64, 128 or 256, N % 8 == 0");
+                               "64, 128 or 256, N % 8 == 0 (N % 16 with swiglu)");
   int vnni = use_vnni();
   k.bits = bits;
   /* VNNI multiplies unsigned weights: int4's are offset by 8, int8's flipped to offset 128.
@@ -308,7 +318,7 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT, "Int4MatMul: A's last dim is not K");
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < rank; i++) rows *= dims[i];
-  dims[rank - 1] = k->n;
+  dims[rank - 1] = k->swiglu ? k->n / 2 : k->n;
   OrtValue *y_value;
   RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
   float *y;
@@ -324,6 +334,8 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   RETURN_IF_ERROR(input_data(context, 2, k->n * blocks, (const void **)&scales));
   const float *bias;
   RETURN_IF_ERROR(input_data(context, 3, k->n, (const void **)&bias));
+  if (bias != NULL && k->swiglu)
+    return g_api->CreateStatus(ORT_INVALID_ARGUMENT, "Int4MatMul: swiglu takes no bias");
 
   QuantizedRows r;
   status = allocate_rows(&r, rows, k);
@@ -333,7 +345,16 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   }
   if (status == NULL) {
     int64_t panel_bytes = r.blocks * k->block * k->bits; /* 8 columns x K' x bits / 8 */
-    MatMulTask multiply = {&r, b, scales, bias, y, k->n, panel_bytes, r.blocks * 8};
+    MatMulTask multiply = {.rows = &r,
+                           .b = b,
+                           .scales = scales,
+                           .bias = bias,
+                           .y = y,
+                           .n = k->n,
+                           .y_stride = dims[rank - 1],
+                           .swiglu = (int)k->swiglu,
+                           .panel_bytes = panel_bytes,
+                           .panel_scales = r.blocks * 8};
     size_t strips = (size_t)((k->n / 8 + STRIP_PANELS - 1) / STRIP_PANELS);
     status = g_api->KernelContext_ParallelFor(context, k->multiply_strip, strips, 0, &multiply);
   }

@@ -53,6 +53,40 @@ TILE_INLINE __m256i TILE(dot8_int8)(__m256i dot, __m256i lo, __m256i hi, const i
 #endif
 }
 
+/* e^x for 8 floats (Cephes' expf: x = n ln 2 + r, a degree-6 polynomial in r, times 2^n), to
+ * ~1e-7 relative; x is clamped to +-88.4, where float's e^x ends. */
+TILE_INLINE __m256 TILE(exp8)(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)),
+                    _mm256_set1_ps(88.3762626647949f));
+  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                             _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i exponent = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  __m256i pow2 = _mm256_slli_epi32(exponent, 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
+}
+
+/* silu(gate) * up = gate / (1 + e^-gate) * up: a SwiGLU MLP's activation, for 8 columns. */
+TILE_INLINE __m256 TILE(swiglu8)(__m256 gate, __m256 up) {
+  __m256 minus_gate = _mm256_sub_ps(_mm256_setzero_ps(), gate);
+  __m256 denominator = _mm256_add_ps(_mm256_set1_ps(1.0f), TILE(exp8)(minus_gate));
+  return _mm256_mul_ps(_mm256_div_ps(gate, denominator), up);
+}
+
+/* Where rows from `row` and panels from `panel` write Y: with `swiglu` a pair of panels (gate,
+ * up) makes 8 columns. */
+TILE_INLINE float *TILE(out_at)(const MatMulTask *t, int64_t row, int64_t panel) {
+  return t->y + row * t->y_stride + (t->swiglu ? panel / 2 : panel) * 8;
+}
+
 /* y[rows][panels * 8] = rows row0.. of the activations times `panels` panels from `b` (the
  * first panel's weights, of `bits` 4 or 8; `bscale` its scales). Inlined with constant `rows`,
  * `panels`, `groups` (weights per block / 8) and `bits`, so that the loops unroll and the sums
@@ -113,10 +147,16 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
     sa += r->rows;
     corrections += r->rows;
   }
+  if (t->swiglu) { /* panels come in (gate, up) pairs; a tile never splits one */
+    for (int c = 0; c + 1 < panels; c += 2)
+      for (int m = 0; m < rows; m++)
+        _mm256_storeu_ps(y + m * t->y_stride + 4 * c, TILE(swiglu8)(acc[m][c], acc[m][c + 1]));
+    return;
+  }
   for (int c = 0; c < panels; c++) {
     const __m256 add = bias != NULL ? _mm256_loadu_ps(bias + 8 * c) : _mm256_setzero_ps();
     for (int m = 0; m < rows; m++)
-      _mm256_storeu_ps(y + m * t->n + 8 * c, _mm256_add_ps(acc[m][c], add));
+      _mm256_storeu_ps(y + m * t->y_stride + 8 * c, _mm256_add_ps(acc[m][c], add));
   }
 }
 
@@ -126,24 +166,25 @@ TILE_INLINE void TILE(rows_of)(const MatMulTask *t, int64_t row0, int64_t rows, 
   const uint8_t *b = t->b + p * t->panel_bytes;
   const float *bscale = t->scales + p * t->panel_scales;
   const float *bias = t->bias != NULL ? t->bias + p * 8 : NULL;
-  float *y = t->y + row0 * t->n + p * 8;
+  float *y = TILE(out_at)(t, row0, p);
   int64_t m = 0;
   for (; m + TILE_ROWS <= rows; m += TILE_ROWS)
-    TILE(tile)(t, row0 + m, TILE_ROWS, panels, groups, bits, b, bscale, bias, y + m * t->n);
+    TILE(tile)(t, row0 + m, TILE_ROWS, panels, groups, bits, b, bscale, bias, y + m * t->y_stride);
+  float *rest = y + m * t->y_stride;
   switch (rows - m) {
 #if TILE_ROWS > 7
-    case 7: TILE(tile)(t, row0 + m, 7, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
-    case 6: TILE(tile)(t, row0 + m, 6, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
-    case 5: TILE(tile)(t, row0 + m, 5, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
-    case 4: TILE(tile)(t, row0 + m, 4, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+    case 7: TILE(tile)(t, row0 + m, 7, panels, groups, bits, b, bscale, bias, rest); break;
+    case 6: TILE(tile)(t, row0 + m, 6, panels, groups, bits, b, bscale, bias, rest); break;
+    case 5: TILE(tile)(t, row0 + m, 5, panels, groups, bits, b, bscale, bias, rest); break;
+    case 4: TILE(tile)(t, row0 + m, 4, panels, groups, bits, b, bscale, bias, rest); break;
 #endif
 #if TILE_ROWS > 3
-    case 3: TILE(tile)(t, row0 + m, 3, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+    case 3: TILE(tile)(t, row0 + m, 3, panels, groups, bits, b, bscale, bias, rest); break;
 #endif
 #if TILE_ROWS > 2
-    case 2: TILE(tile)(t, row0 + m, 2, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+    case 2: TILE(tile)(t, row0 + m, 2, panels, groups, bits, b, bscale, bias, rest); break;
 #endif
-    case 1: TILE(tile)(t, row0 + m, 1, panels, groups, bits, b, bscale, bias, y + m * t->n); break;
+    case 1: TILE(tile)(t, row0 + m, 1, panels, groups, bits, b, bscale, bias, rest); break;
     default: break;
   }
 }
@@ -159,7 +200,7 @@ TILE_INLINE void TILE(strip_of)(const MatMulTask *t, int64_t first, int64_t last
       for (; p + TILE_PANELS_ONE_ROW <= last; p += TILE_PANELS_ONE_ROW)
         TILE(tile)(t, row0, 1, TILE_PANELS_ONE_ROW, groups, bits, t->b + p * t->panel_bytes,
                    t->scales + p * t->panel_scales, t->bias != NULL ? t->bias + p * 8 : NULL,
-                   t->y + row0 * t->n + p * 8);
+                   TILE(out_at)(t, row0, p));
     for (; p + TILE_PANELS <= last; p += TILE_PANELS)
       TILE(rows_of)(t, row0, rows, p, TILE_PANELS, groups, bits);
     for (; p < last; p++) TILE(rows_of)(t, row0, rows, p, 1, groups, bits);
