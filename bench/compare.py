@@ -533,11 +533,17 @@ class Plan:
 
 
 def make_peers(
-    args: argparse.Namespace, plan: Plan, exports: dict[str, Path], genai: dict[str, Path]
-) -> tuple[list[Peer], list[Callable[[], None]]]:
-    """Start every serving process (loading all models up front, so rounds can interleave)."""
+    args: argparse.Namespace,
+    plan: Plan,
+    exports: dict[str, Path],
+    genai: dict[str, Path],
+    closers: list[Callable[[], None]],
+) -> list[Peer]:
+    """Start every serving process (loading all models up front, so rounds can interleave),
+    each one's `close` added to `closers` as soon as it runs: if a later one fails to start,
+    the caller still stops those already running (a server left behind holds its port, and
+    the next run's requests would reach it with keys it does not know)."""
     peers: list[Peer] = []
-    closers: list[Callable[[], None]] = []
     engines = args.engines
     env = dict(os.environ)
     if "http" in engines:
@@ -591,7 +597,7 @@ def make_peers(
             closers.append(worker.close)
             GENAI_VERSIONS.append(str(worker.hello.get("version")))
             peers.append(Peer("genai", precision, _genai_measure(worker), worker.proc.pid, 0))
-    return peers, closers
+    return peers
 
 
 def _http_measure(client: HttpClient) -> Callable[[str, int], dict[str, float] | None]:
@@ -882,8 +888,9 @@ def main() -> int:
     before, how = read_bandwidth()
     say(f"read bandwidth {before:.1f} GB/s ({how})")
 
-    peers, closers = make_peers(args, PLAN, exports, genai)
+    closers: list[Callable[[], None]] = []
     try:
+        peers = make_peers(args, PLAN, exports, genai, closers)
         for peer in peers:
             path = genai[peer.precision] if peer.engine == "genai" else exports[peer.precision]
             files = sorted(path.glob("*.onnx"))
