@@ -10,7 +10,9 @@ each (context, batch) pair are interleaved round by round (the shared 2-core mac
 the table gives the median step. The default model is bench/compare.py's int4 export; several
 `--model` dirs are interleaved the same way, to compare exports on one machine in one run (the
 block sizes of `bench/quantize.py`'s variants, under bench/out/variant-*, say), and so are int4
-projections run by ONNX Runtime's `MatMulNBits` and by our op (`--int4-kernel both`).
+projections run by ONNX Runtime's `MatMulNBits` and by our op (`--int4-kernel both`), or by
+several builds of our op library (`--library A.so B.so`: a kernel change against the build
+before it, in one process; both must take the graph the current edits make).
 """
 
 from __future__ import annotations
@@ -84,8 +86,18 @@ def main() -> int:
         default="default",
         help="who runs int4 projections (default: as the server would here)",
     )
+    parser.add_argument(
+        "--library",
+        type=Path,
+        nargs="+",
+        help="builds of our op library to interleave (instead of --int4-kernel)",
+    )
     args = parser.parse_args()
-    kernels = _kernels(args.int4_kernel)
+    kernels: dict[str, Path | None] | None
+    if args.library:
+        kernels = {f" ({path})": path for path in args.library}
+    else:
+        kernels = _kernels(args.int4_kernel)
     if kernels is None:
         print("the int4 kernel is not built: run `python -m api.engine.int4_build`")
         return 1
