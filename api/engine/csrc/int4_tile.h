@@ -134,7 +134,7 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
         }
       }
     }
-    /* sb * (sa * dot - sa * 8 * sum(qa)): the zero point's share taken off per block */
+    /* sb * (sa * dot - sa * zero point * sum(qa)): the zero point's share taken off per block */
     for (int c = 0; c < panels; c++) {
       const __m256 sb = _mm256_loadu_ps(bscale + c * t->panel_scales + blk * 8);
       for (int m = 0; m < rows; m++) {
