@@ -43,6 +43,7 @@ class _Projection:
     x: str  # the float activations
     weight: str  # int8 [K, N] initializer
     weight_scale: str  # float initializer: [], [1] or [N]
+    per_column: bool  # the weight scale is [N]
     output: str  # what the last Mul writes
     nodes: tuple[onnx.NodeProto, ...]  # MatMulInteger, Cast, the scales' Mul, the output Mul
     quantize: onnx.NodeProto  # the DynamicQuantizeLinear (removed when nothing else reads it)
@@ -67,10 +68,11 @@ def use_int8_kernel(model: onnx.ModelProto) -> int:
     from onnx import helper
 
     graph = model.graph
+    constants = constants_of(graph)  # the biases: the edit adds none, nor changes them
     changed = 0
     for projection in _projections(graph):
         node = _replace(graph, projection, changed)
-        fold_bias(graph, node, constants_of(graph))
+        fold_bias(graph, node, constants)
         changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
@@ -126,13 +128,15 @@ def _projections(graph: onnx.GraphProto) -> list[_Projection]:
         weight_scale = initializers.get(_other(scales, quantize.output[1]))
         if weight_scale is None or weight_scale.data_type != TensorProto.FLOAT:
             continue
-        if int(np.prod(weight_scale.dims)) not in (1, n) or len(readers[scales.output[0]]) != 1:
+        scale_size = int(np.prod(weight_scale.dims))
+        if scale_size not in (1, n) or len(readers[scales.output[0]]) != 1:
             continue
         found.append(
             _Projection(
                 x=quantize.input[0],
                 weight=weight.name,
                 weight_scale=weight_scale.name,
+                per_column=scale_size > 1,
                 output=rescale.output[0],
                 nodes=(matmul, cast, scales, rescale),
                 quantize=quantize,
@@ -164,7 +168,7 @@ def _replace(graph: onnx.GraphProto, p: _Projection, index: int) -> onnx.NodePro
     blocks, prefix = p.k // block, f"{OP_TYPE}.{index}"
     constants = {
         f"{prefix}.weight_shape": [p.k // 8, 4, 2, p.n // 8, 8],
-        f"{prefix}.scale_shape": [p.n // 8, 1, 8] if _size(graph, p.weight_scale) > 1 else [1],
+        f"{prefix}.scale_shape": [p.n // 8, 1, 8] if p.per_column else [1],
         f"{prefix}.scales_shape": [p.n // 8, blocks, 8],
     }
     for name, value in constants.items():
@@ -201,8 +205,3 @@ def _replace(graph: onnx.GraphProto, p: _Projection, index: int) -> onnx.NodePro
     if not any(name in node.input for node in graph.node for name in p.quantize.output):
         graph.node.remove(p.quantize)
     return op
-
-
-def _size(graph: onnx.GraphProto, name: str) -> int:
-    init = next(i for i in graph.initializer if i.name == name)
-    return int(np.prod(init.dims))
