@@ -26,7 +26,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 # header can be had, else serving keeps ONNX Runtime's kernel. INT4_BUILD_FLAGS=--require fails
 # instead (CI).
 INT4_LIBRARY := $(VENV)/lib/tokenshop/libtokenshop_int4.so
-$(INT4_LIBRARY): api/engine/csrc/int4_matmul.c api/engine/csrc/int4_tile.h | $(VENV)/.run-installed
+$(INT4_LIBRARY): $(wildcard api/engine/csrc/*.c api/engine/csrc/*.h) | $(VENV)/.run-installed
 	$(BIN)/python -m api.engine.int4_build $(INT4_BUILD_FLAGS)
 
 int4-kernel: $(INT4_LIBRARY)

@@ -12,12 +12,14 @@ the table gives the median step. The default model is bench/compare.py's int4 ex
 block sizes of `bench/quantize.py`'s variants, under bench/out/variant-*, say), and so are int4
 projections run by ONNX Runtime's `MatMulNBits` and by our op (`--int4-kernel both`), or by
 several builds of our op library (`--library A.so B.so`: a kernel change against the build
-before it, in one process; both must take the graph the current edits make).
+before it, in one process; both must take the graph the current edits make), and attention run
+by ONNX Runtime's `GroupQueryAttention` and by our op (`--attention both`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -35,6 +37,11 @@ from api.engine.ort_cache import default_cache_dir  # noqa: E402
 from bench.engine import OUT  # noqa: E402
 
 STEPS = 30
+ATTENTION = {  # --attention: label suffix -> whether our attention op runs it
+    "ours": {"": True},
+    "ort": {" (ORT attention)": False},
+    "both": {" (ORT attention)": False, " (our attention)": True},
+}
 
 
 class Decoder:
@@ -87,6 +94,12 @@ def main() -> int:
         help="who runs int4 projections (default: as the server would here)",
     )
     parser.add_argument(
+        "--attention",
+        choices=("ours", "ort", "both"),
+        default="ours",
+        help="who runs attention when our op library is loaded (default: ours, as served)",
+    )
+    parser.add_argument(
         "--library",
         type=Path,
         nargs="+",
@@ -106,9 +119,13 @@ def main() -> int:
         if not (path / "model.onnx").is_file():
             print(f"no export at {path}: run bench/compare.py first, or pass --model")
             return 1
-        for name, kernel in kernels.items():
-            label = f"{path.name}{name}"
-            models[label] = OnnxCausalLM(path, cache_dir=default_cache_dir(), int4_kernel=kernel)
+        for (name, kernel), (attention, ours) in itertools.product(
+            kernels.items(), ATTENTION[args.attention].items()
+        ):
+            label = f"{path.name}{name}{attention if kernel is not None else ''}"
+            models[label] = OnnxCausalLM(
+                path, cache_dir=default_cache_dir(), int4_kernel=kernel, attention_kernel=ours
+            )
             if not models[label].spec.shared_kv:
                 print(f"{path}: the engine does not serve this graph with fused attention")
                 return 1

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from api.engine.int4_kernel import default_library, runs_here
 
-SOURCE = Path(__file__).parent / "csrc" / "int4_matmul.c"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("int4_matmul.c", "attention.c")]
 HEADER = "onnxruntime_c_api.h"
 DEBIAN_PACKAGE = "libonnxruntime-dev"
 DEBIAN_SUITE = "trixie"
@@ -106,7 +106,7 @@ def build(library: Path | None = None) -> Path:
     library.parent.mkdir(parents=True, exist_ok=True)
     partial = library.with_suffix(".partial")
     command = [compiler, "-O3", "-std=c11", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror"]
-    command += [f"-I{headers}", str(SOURCE), "-o", str(partial)]
+    command += [f"-I{headers}", *map(str, SOURCES), "-o", str(partial)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise BuildError(f"{Path(compiler).name} failed: {result.stderr.strip()[:500]}")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from api.engine.attention_kernel import use_attention_kernel
 from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
 from api.engine.int4_kernel import register as register_int4_kernel
@@ -164,18 +165,26 @@ def _can_edit() -> bool:
 FUSED_TAG = "gqa-rope-v3+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v4+swiglu"
 INT8_KERNEL_TAG = "int8-kernel-v1"
+ATTENTION_KERNEL_TAG = "attention-kernel-v1"
 
 
 def _graph_source(
-    model_file: Path, config: dict[str, Any], *, fuse: bool, int4_kernel: bool, int8_kernel: bool
+    model_file: Path,
+    config: dict[str, Any],
+    *,
+    fuse: bool,
+    int4_kernel: bool,
+    int8_kernel: bool,
+    attention_kernel: bool,
 ) -> str | bytes:
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`);
     when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
     int4 matrix multiply per group of sibling projections (`merged_projections.py`); when
     `int4_kernel`, to run int4 projections with our op (`int4_kernel.py`), a SwiGLU MLP's
     activation in it (`swiglu.py`), and when
-    `int8_kernel`, dynamically quantized int8 ones (`int8_matmul.py`): where each edit applies.
-    Else the file as exported."""
+    `int8_kernel`, dynamically quantized int8 ones (`int8_matmul.py`), and when
+    `attention_kernel`, the fused attention with our op (`attention_kernel.py`): where each edit
+    applies. Else the file as exported."""
     import onnx
 
     try:
@@ -190,6 +199,8 @@ def _graph_source(
     if ours:
         fold_swiglu(proto)
     if int8_kernel and use_int8_kernel(proto) > 0:
+        ours = True
+    if fused and attention_kernel and use_attention_kernel(proto) > 0:
         ours = True
     return proto.SerializeToString() if sliced or fused or ours else str(model_file)
 
@@ -239,10 +250,13 @@ class OnnxCausalLM:
         cache_dir: Path | None = None,
         fuse_attention: bool = True,
         int4_kernel: Path | None = None,
+        attention_kernel: bool = True,
     ) -> None:
         """`int4_kernel`: our op library (`int4_kernel.preferred_library()`), or None to run
         int4 graphs with ONNX Runtime's `MatMulNBits`. With it, dynamically quantized int8
-        projections run on its int8 op too where that is faster (`int8_matmul.py`)."""
+        projections run on its int8 op too where that is faster (`int8_matmul.py`), and fused
+        attention on its attention op unless `attention_kernel` is False (`bench/context.py`
+        compares the two)."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -259,10 +273,13 @@ class OnnxCausalLM:
                 fuse=fuse_attention,
                 int4_kernel=int4_kernel is not None,
                 int8_kernel=int8_kernel,
+                attention_kernel=attention_kernel and int4_kernel is not None,
             )
             tag = f"{EDIT_TAG}+{FUSED_TAG}" if fuse_attention else EDIT_TAG
             tag += f"+{INT4_KERNEL_TAG}" if int4_kernel is not None else ""
             tag += f"+{INT8_KERNEL_TAG}" if int8_kernel else ""
+            own_attention = fuse_attention and attention_kernel and int4_kernel is not None
+            tag += f"+{ATTENTION_KERNEL_TAG}" if own_attention else ""
         else:
             load, tag, int4_kernel = partial(str, model_file), "as exported", None
         try:

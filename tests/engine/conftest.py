@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from api.engine.engine import LocalEngine
 from api.engine.int4_kernel import default_library, runs_here
+from api.engine.ort_cache import MODEL_FILE
 from api.engine.protocol import GenerationOutput, GenerationRequest, SamplingParams
 from api.engine.quantize import Int4Config, quantize_int4, quantize_int8
 from api.engine.scheduler import SchedulerLimits
@@ -171,6 +172,19 @@ def projection_session(
         assert edit(model) == 1
         options.register_custom_ops_library(str(library))
     return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
+def served_ops(export: Path, library: Path, cache: Path) -> list[onnx.NodeProto]:
+    """The nodes of the graph the engine serves `export` with, on our op library (read from
+    ONNX Runtime's optimized-graph cache in `cache`)."""
+    make_engine(export, cache_dir=cache, int4_kernel=library)
+    (cached,) = cache.glob(f"*/{MODEL_FILE}")
+    return list(onnx.load(str(cached), load_external_data=False).graph.node)
+
+
+@pytest.fixture(scope="module")
+def int4_export(tied_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return quantized_copy(tied_export, tmp_path_factory.mktemp("int4") / "model", "int4")
 
 
 def quantized_copy(source: Path, dest: Path, method: str) -> Path:

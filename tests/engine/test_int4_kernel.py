@@ -32,7 +32,6 @@ from tests.engine.conftest import (
     greedy,
     make_engine,
     projection_session,
-    quantized_copy,
     run_steps,
 )
 from tests.engine.test_fused_attention import prefill_and_decode
@@ -219,11 +218,6 @@ def test_op_adds_its_bias(library: Path) -> None:
     a = np.random.default_rng(9).standard_normal((3, k)).astype(np.float32)
     got, want = (s.run(None, {"x": a})[0] for s in (ours, theirs))
     np.testing.assert_allclose(got, want + bias, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-
-
-@pytest.fixture(scope="module")
-def int4_export(tied_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return quantized_copy(tied_export, tmp_path_factory.mktemp("int4") / "model", "int4")
 
 
 def test_served_graph_runs_every_int4_projection_with_our_op(

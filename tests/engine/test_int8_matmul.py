@@ -22,12 +22,12 @@ from onnx import TensorProto, helper, numpy_helper
 from api.engine import model as engine_model
 from api.engine.int4_kernel import DOMAIN
 from api.engine.int8_matmul import OP_TYPE, runs_faster_here, use_int8_kernel
-from api.engine.ort_cache import MODEL_FILE
 from tests.engine.conftest import (
     activation_batches,
     make_engine,
     projection_session,
     quantized_copy,
+    served_ops,
 )
 from tests.engine.test_fused_attention import prefill_and_decode
 
@@ -197,12 +197,6 @@ def test_our_op_serves_only_where_it_multiplies_with_vnni(
 @pytest.fixture(scope="module")
 def int8_export(tied_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return quantized_copy(tied_export, tmp_path_factory.mktemp("int8") / "model", "int8")
-
-
-def served_ops(export: Path, library: Path, cache: Path) -> list[onnx.NodeProto]:
-    make_engine(export, cache_dir=cache, int4_kernel=library)
-    (cached,) = cache.glob(f"*/{MODEL_FILE}")
-    return list(onnx.load(str(cached), load_external_data=False).graph.node)
 
 
 @pytest.mark.usefixtures("served_with_our_op")

@@ -36,11 +36,13 @@
 #include <string.h>
 
 #include "onnxruntime_c_api.h"
+#include "ops.h"
+#include "simd_math.h"
 
 #define ROW_PANEL 64      /* rows whose activations stay in cache while a strip passes */
 #define STRIP_PANELS 4    /* 8-column panels per parallel task */
 
-static const OrtApi *g_api;
+const OrtApi *g_api;
 
 /* Block-major, so that one pointer each walks a tile of rows through the blocks: with a
  * pointer per row, a tile's addressing spilled general registers and took ~1.15x the time. */
@@ -206,17 +208,11 @@ const char *tokenshop_int4_isa(void) { return use_vnni() ? "avx512-vnni" : "avx2
 
 /* ---- ONNX Runtime plumbing ---- */
 
-#define RETURN_IF_ERROR(expr)          \
-  do {                                 \
-    OrtStatus *status_ = (expr);       \
-    if (status_ != NULL) return status_; \
-  } while (0)
-
 static OrtStatus *attribute(const OrtKernelInfo *info, const char *name, int64_t *out) {
   return g_api->KernelInfoGetAttribute_int64(info, name, out);
 }
 
-static OrtCustomOp g_op4, g_op8;
+static OrtCustomOp g_op4, g_op8, g_attention;
 
 static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
                                              const OrtKernelInfo *info, void **kernel) {
@@ -431,10 +427,17 @@ static OrtCustomOpDomain *g_domain;
 static OrtStatus *g_domain_error;
 static pthread_once_t g_domain_once = PTHREAD_ONCE_INIT;
 
-static void fill_op(OrtCustomOp *op) {
+void tokenshop_fill_common(OrtCustomOp *op) {
   op->version = ORT_API_VERSION;
-  op->GetName = op_name;
   op->GetExecutionProviderType = op_provider;
+  op->GetInputMemoryType = memory_type;
+  op->GetStartVersion = start_version;
+  op->GetEndVersion = end_version;
+}
+
+static void fill_op(OrtCustomOp *op) {
+  tokenshop_fill_common(op);
+  op->GetName = op_name;
   op->GetInputType = input_type;
   op->GetInputTypeCount = input_count;
   op->GetOutputType = output_type;
@@ -442,20 +445,19 @@ static void fill_op(OrtCustomOp *op) {
   op->KernelDestroy = destroy_kernel;
   op->GetInputCharacteristic = input_characteristic;
   op->GetOutputCharacteristic = output_characteristic;
-  op->GetInputMemoryType = memory_type;
   op->CreateKernelV2 = create_kernel;
   op->KernelComputeV2 = compute;
-  op->GetStartVersion = start_version;
-  op->GetEndVersion = end_version;
 }
 
 /* Once per process: every session shares the ops and their domain, which live as long as it. */
 static void make_domain(void) {
   fill_op(&g_op4);
   fill_op(&g_op8);
+  tokenshop_fill_attention(&g_attention);
   g_domain_error = g_api->CreateCustomOpDomain("tokenshop", &g_domain);
   if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op4);
   if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op8);
+  if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_attention);
 }
 
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {

@@ -1,0 +1,431 @@
+/* CachedAttention (domain "tokenshop"): ONNX Runtime's GroupQueryAttention over a KV cache that
+ * past and present share, for the CPU: the same inputs, outputs and semantics (right-padded rows,
+ * `seqlens_k` = each row's total length - 1, rotary from cos/sin caches, non-interleaved), with
+ * the query scale as the `scale` attribute and q, k, v optionally packed in one tensor.
+ *
+ * Why: ONNX Runtime's CPU kernel runs two SGEMM calls per sequence and query head (224 a layer
+ * for 8 sequences of Qwen2.5-0.5B's shape, 14 heads), each a few thousand multiplies; on 2 cores
+ * a step's attention took 0.8 ms for one sequence and 4.0 ms for 8. Here the query heads that
+ * share a KV head are one tile of 8 lanes (a lane per query row), so each cached key and value
+ * is read once for all of them, and the softmax is online over blocks of keys (flash attention's
+ * order), so no score matrix is stored.
+ *
+ * Inputs (GroupQueryAttention's order):
+ *   0 query       [B, S, H * D], or q, k, v packed as [B, S, (H + 2 KV) * D] with 1 and 2 absent
+ *   1 key, 2 value [B, S, KV * D]
+ *   3 past_key, 4 past_value  [B, KV, C, D]
+ *   5 seqlens_k   int32 [B]: row b's total length (past + S new tokens) minus one
+ *   6 total_sequence_length  int32 scalar: the longest row's total
+ *   7 cos_cache, 8 sin_cache [positions, D / 2], optional: rotate q and k at their positions
+ * Outputs: 0 [B, S, H * D]; 1 present_key, 2 present_value [B, KV, max(C, total), D]. When a
+ * present is bound to its past's buffer (the engine's I/O binding, `kv_slots.py`), the new keys
+ * and values are written into it in place; otherwise the past is copied into the present first.
+ * Attributes: num_heads, kv_num_heads, scale (float, default 1/sqrt(D)).
+ * Supported: float32, D a multiple of 8 up to 256 (even with rotary), H a multiple of KV.
+ *
+ * AVX2 + FMA only: the products are float FMAs on 8 lanes, which AVX-512 does no faster per
+ * cycle on the Zen 4 this was measured on (its 512-bit FMAs are two 256-bit halves).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "simd_math.h"
+
+#define LANES 8        /* query rows per tile: one vector of scores per key */
+#define KEY_BLOCK 64   /* keys scored before their values are summed (online softmax step) */
+#define MAX_DIM 256    /* head dims the tile's on-stack buffers hold */
+
+#define TARGET __attribute__((target("avx2,fma")))
+
+typedef struct {
+  int64_t heads, kv_heads;
+  float scale; /* 0: 1 / sqrt(D) */
+} AttentionKernel;
+
+/* Where one call's tensors are, and their sizes. */
+typedef struct {
+  const float *q, *k, *v;      /* the new tokens' first q, k, v row */
+  int64_t q_stride, kv_stride; /* floats from one token's q (k, v) to the next token's */
+  float *keys, *values;   /* present [B][KV][capacity][D] */
+  const int32_t *seqlens;
+  const float *cos, *sin; /* [positions][D / 2], or NULL */
+  float *out;
+  int64_t batch, tokens, heads, kv_heads, dim, capacity;
+  float scale;
+  int64_t tiles; /* tiles of LANES query rows per (row, KV head) */
+} Attention;
+
+/* ---- rotary ---- */
+
+/* y = x rotated to `position` (the half-split layout: x[i] pairs with x[i + D / 2]), times
+ * `scale`; a copy when there is no rotary cache. */
+static void rotate(const Attention *a, const float *x, int64_t position, float scale, float *y) {
+  int64_t half = a->dim / 2;
+  if (a->cos == NULL) {
+    for (int64_t i = 0; i < a->dim; i++) y[i] = x[i] * scale;
+    return;
+  }
+  const float *c = a->cos + position * half, *s = a->sin + position * half;
+  for (int64_t i = 0; i < half; i++) {
+    float x1 = x[i], x2 = x[i + half];
+    y[i] = (x1 * c[i] - x2 * s[i]) * scale;
+    y[i + half] = (x2 * c[i] + x1 * s[i]) * scale;
+  }
+}
+
+static int64_t past_length(const Attention *a, int64_t row) {
+  return (int64_t)a->seqlens[row] + 1 - a->tokens;
+}
+
+static float *cache_row(const Attention *a, float *cache, int64_t row, int64_t head) {
+  return cache + (row * a->kv_heads + head) * a->capacity * a->dim;
+}
+
+/* The new tokens' keys (rotated) and values into the cache, before any query reads them. */
+static void append(const Attention *a) {
+  int64_t d = a->dim;
+  for (int64_t b = 0; b < a->batch; b++) {
+    int64_t past = past_length(a, b);
+    for (int64_t s = 0; s < a->tokens; s++) {
+      int64_t token = b * a->tokens + s;
+      for (int64_t h = 0; h < a->kv_heads; h++) {
+        float *key = cache_row(a, a->keys, b, h) + (past + s) * d;
+        float *value = cache_row(a, a->values, b, h) + (past + s) * d;
+        rotate(a, a->k + token * a->kv_stride + h * d, past + s, 1.0f, key);
+        memcpy(value, a->v + token * a->kv_stride + h * d, (size_t)d * sizeof(float));
+      }
+    }
+  }
+}
+
+/* ---- one tile: LANES query rows of one row's KV head ---- */
+
+typedef struct {
+  float qt[MAX_DIM][LANES] __attribute__((aligned(32))); /* queries, transposed */
+  float acc[LANES][MAX_DIM] __attribute__((aligned(32))); /* sum of p * value, per lane */
+  __m256 scores[KEY_BLOCK];
+  int32_t visible[LANES]; /* keys lane l may attend to: [0, visible[l]) */
+  int64_t lanes;          /* lanes holding a query row */
+  const float *query_rows[LANES];
+} Tile;
+
+/* scores[i] = the tile's queries . key i, for `n` keys from `keys`. Four keys at a time: each
+ * query vector loaded is used four times, each key value broadcast once. */
+TARGET static void score(const Tile *t, const float *keys, int64_t n, int64_t dim,
+                         __m256 *scores) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *k0 = keys + i * dim, *k1 = k0 + dim, *k2 = k1 + dim, *k3 = k2 + dim;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t d = 0; d < dim; d++) {
+      __m256 q = _mm256_load_ps(t->qt[d]);
+      s0 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + d), s0);
+      s1 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k1 + d), s1);
+      s2 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k2 + d), s2);
+      s3 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k3 + d), s3);
+    }
+    scores[i] = s0, scores[i + 1] = s1, scores[i + 2] = s2, scores[i + 3] = s3;
+  }
+  for (; i < n; i++) {
+    const float *k0 = keys + i * dim;
+    __m256 s0 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d++)
+      s0 = _mm256_fmadd_ps(_mm256_load_ps(t->qt[d]), _mm256_broadcast_ss(k0 + d), s0);
+    scores[i] = s0;
+  }
+}
+
+/* acc[l] = acc[l] * rescale[l] + sum_i p[i][l] * value i, 8 dims at a time (8 sums live). */
+TARGET static void accumulate(Tile *t, const float *values, int64_t n, int64_t dim,
+                              __m256 rescale) {
+  float factor[LANES] __attribute__((aligned(32)));
+  _mm256_store_ps(factor, rescale);
+  for (int64_t c = 0; c < dim; c += 8) {
+    __m256 sum[LANES];
+    for (int l = 0; l < LANES; l++)
+      sum[l] = _mm256_mul_ps(_mm256_load_ps(t->acc[l] + c), _mm256_set1_ps(factor[l]));
+    for (int64_t i = 0; i < n; i++) {
+      __m256 value = _mm256_loadu_ps(values + i * dim + c);
+      const float *p = (const float *)&t->scores[i];
+      for (int l = 0; l < LANES; l++)
+        sum[l] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + l), value, sum[l]);
+    }
+    for (int l = 0; l < LANES; l++) _mm256_store_ps(t->acc[l] + c, sum[l]);
+  }
+}
+
+/* softmax(queries . keys) . values over `keys` keys, one block of KEY_BLOCK at a time: each
+ * block's maximum rescales what was summed so far, so no exponent overflows. Returns the
+ * softmax denominators, one lane per query row. */
+TARGET static __m256 attend_keys(Tile *t, const float *keys, const float *values, int64_t count,
+                                 int64_t dim) {
+  __m256i visible = _mm256_loadu_si256((const __m256i *)t->visible);
+  int32_t fewest = t->visible[0];
+  for (int l = 1; l < LANES; l++) fewest = t->visible[l] < fewest ? t->visible[l] : fewest;
+  const __m256 minus_infinity = _mm256_set1_ps(-INFINITY);
+  __m256 top = minus_infinity, total = _mm256_setzero_ps();
+  for (int l = 0; l < LANES; l++) memset(t->acc[l], 0, (size_t)dim * sizeof(float));
+  for (int64_t first = 0; first < count; first += KEY_BLOCK) {
+    int64_t n = count - first < KEY_BLOCK ? count - first : KEY_BLOCK;
+    score(t, keys + first * dim, n, dim, t->scores);
+    __m256 block_top = top;
+    for (int64_t i = 0; i < n; i++) {
+      if (first + i >= fewest) { /* causal: a later prompt token's key, hidden from some rows */
+        __m256i shown = _mm256_cmpgt_epi32(visible, _mm256_set1_epi32((int)(first + i)));
+        t->scores[i] = _mm256_blendv_ps(minus_infinity, t->scores[i], _mm256_castsi256_ps(shown));
+      }
+      block_top = _mm256_max_ps(block_top, t->scores[i]);
+    }
+    /* e^(old max - new max): 0 on the first block, whose old max is -inf. */
+    __m256 rescale = exp8(_mm256_sub_ps(top, block_top));
+    rescale = _mm256_and_ps(rescale, _mm256_cmp_ps(top, minus_infinity, _CMP_NEQ_OQ));
+    total = _mm256_mul_ps(total, rescale);
+    for (int64_t i = 0; i < n; i++) {
+      __m256 hidden = _mm256_cmp_ps(t->scores[i], minus_infinity, _CMP_EQ_OQ);
+      __m256 p = _mm256_andnot_ps(hidden, exp8(_mm256_sub_ps(t->scores[i], block_top)));
+      t->scores[i] = p;
+      total = _mm256_add_ps(total, p);
+    }
+    accumulate(t, values + first * dim, n, dim, rescale);
+    top = block_top;
+  }
+  return total;
+}
+
+/* Task `index` of the ParallelFor: tile `index % tiles` of row and KV head `index / tiles`.
+ * A tile's rows are (token, query head) pairs, token-major, among the heads sharing the KV head. */
+TARGET static void attend_tile(void *data, size_t index) {
+  const Attention *a = data;
+  int64_t tile = (int64_t)index % a->tiles, pair = (int64_t)index / a->tiles;
+  int64_t head = pair % a->kv_heads, b = pair / a->kv_heads;
+  int64_t group = a->heads / a->kv_heads, dim = a->dim, past = past_length(a, b);
+  Tile t;
+  float rotated[MAX_DIM];
+  memset(t.qt, 0, (size_t)dim * sizeof t.qt[0]);
+  t.lanes = 0;
+  int64_t count = 0;
+  for (int l = 0; l < LANES; l++) {
+    int64_t r = tile * LANES + l, s = r / group;
+    t.visible[l] = 1; /* a lane without a query row attends one key, and is not written */
+    if (s >= a->tokens) continue;
+    int64_t token = b * a->tokens + s, query_head = head * group + r % group;
+    rotate(a, a->q + token * a->q_stride + query_head * dim, past + s, a->scale, rotated);
+    for (int64_t d = 0; d < dim; d++) t.qt[d][l] = rotated[d];
+    t.query_rows[l] = a->out + (token * a->heads + query_head) * dim;
+    t.visible[l] = (int32_t)(past + s + 1);
+    count = past + s + 1 > count ? past + s + 1 : count;
+    t.lanes = l + 1;
+  }
+  __m256 total = attend_keys(&t, cache_row(a, a->keys, b, head), cache_row(a, a->values, b, head),
+                             count, dim);
+  float denominator[LANES] __attribute__((aligned(32)));
+  _mm256_store_ps(denominator, total);
+  for (int64_t l = 0; l < t.lanes; l++) {
+    __m256 inverse = _mm256_set1_ps(1.0f / denominator[l]);
+    for (int64_t d = 0; d < dim; d += 8)
+      _mm256_storeu_ps((float *)t.query_rows[l] + d,
+                       _mm256_mul_ps(_mm256_load_ps(t.acc[l] + d), inverse));
+  }
+}
+
+/* ---- ONNX Runtime plumbing ---- */
+
+static OrtStatus *invalid(const char *message) {
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message);
+}
+
+/* Input `index`'s data and shape (rank at most 4); NULL data for an absent optional input. */
+static OrtStatus *tensor(OrtKernelContext *context, size_t index, void **data, int64_t *dims,
+                         size_t *rank) {
+  size_t count;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
+  const OrtValue *value = NULL;
+  if (index < count) RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  *data = NULL;
+  *rank = 0;
+  if (value == NULL) return NULL;
+  OrtTensorTypeAndShapeInfo *info;
+  RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  OrtStatus *status = g_api->GetDimensionsCount(info, rank);
+  if (status == NULL && *rank > 4) status = invalid("CachedAttention: an input of rank > 4");
+  if (status == NULL) status = g_api->GetDimensions(info, dims, *rank);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  if (status != NULL) return status;
+  return g_api->GetTensorMutableData((OrtValue *)value, data);
+}
+
+static OrtStatus *output(OrtKernelContext *context, size_t index, const int64_t *dims,
+                         size_t rank, float **data) {
+  OrtValue *value;
+  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, index, dims, rank, &value));
+  return g_api->GetTensorMutableData(value, (void **)data);
+}
+
+/* present = past, row by row, when they are not the same buffer. */
+static void copy_past(const Attention *a, const float *past_keys, const float *past_values,
+                      int64_t past_capacity) {
+  for (int64_t b = 0; b < a->batch; b++) {
+    size_t bytes = (size_t)(past_length(a, b) * a->dim) * sizeof(float);
+    for (int64_t h = 0; h < a->kv_heads; h++) {
+      int64_t from = (b * a->kv_heads + h) * past_capacity * a->dim;
+      memcpy(cache_row(a, a->keys, b, h), past_keys + from, bytes);
+      memcpy(cache_row(a, a->values, b, h), past_values + from, bytes);
+    }
+  }
+}
+
+/* The new tokens' q, k, v: packed in input 0, or three inputs. */
+static OrtStatus *read_tokens(OrtKernelContext *context, const AttentionKernel *k,
+                              Attention *a) {
+  void *q, *key, *value;
+  int64_t qd[4], kd[4], vd[4];
+  size_t qr, kr, vr;
+  RETURN_IF_ERROR(tensor(context, 0, &q, qd, &qr));
+  RETURN_IF_ERROR(tensor(context, 1, &key, kd, &kr));
+  RETURN_IF_ERROR(tensor(context, 2, &value, vd, &vr));
+  if (qr != 3) return invalid("CachedAttention: query must be [batch, tokens, hidden]");
+  a->batch = qd[0], a->tokens = qd[1];
+  int64_t q_width = k->heads * a->dim, kv_width = k->kv_heads * a->dim;
+  a->q = q;
+  if (key == NULL && value == NULL) {
+    if (qd[2] != q_width + 2 * kv_width)
+      return invalid("CachedAttention: packed query is not (num_heads + 2 kv_num_heads) x dim");
+    a->k = a->q + q_width, a->v = a->k + kv_width, a->q_stride = a->kv_stride = qd[2];
+    return NULL;
+  }
+  int shapes_ok = key != NULL && value != NULL && kr == 3 && vr == 3 && qd[2] == q_width;
+  for (int i = 0; shapes_ok && i < 2; i++) shapes_ok = kd[i] == qd[i] && vd[i] == qd[i];
+  if (!shapes_ok || kd[2] != kv_width || vd[2] != kv_width)
+    return invalid("CachedAttention: query, key, value shapes do not match the heads");
+  a->k = key, a->v = value, a->q_stride = q_width, a->kv_stride = kv_width;
+  return NULL;
+}
+
+static OrtStatus *compute_checked(const AttentionKernel *k, OrtKernelContext *context) {
+  Attention a = {.heads = k->heads, .kv_heads = k->kv_heads};
+  void *past_keys, *past_values, *seqlens, *total, *cos, *sin;
+  int64_t pk[4], pv[4], sd[4], td[4], cd[4], nd[4];
+  size_t pkr, pvr, sr, tr, cr, nr;
+  RETURN_IF_ERROR(tensor(context, 3, &past_keys, pk, &pkr));
+  RETURN_IF_ERROR(tensor(context, 4, &past_values, pv, &pvr));
+  if (past_keys == NULL || past_values == NULL || pkr != 4 || pvr != 4 ||
+      memcmp(pk, pv, sizeof pk) != 0 || pk[1] != k->kv_heads || pk[3] % 8 || pk[3] > MAX_DIM)
+    return invalid("CachedAttention: past key/value must be [batch, kv_num_heads, capacity, "
+                   "dim], dim a multiple of 8 up to 256");
+  a.dim = pk[3];
+  RETURN_IF_ERROR(read_tokens(context, k, &a));
+  RETURN_IF_ERROR(tensor(context, 5, &seqlens, sd, &sr));
+  RETURN_IF_ERROR(tensor(context, 6, &total, td, &tr));
+  RETURN_IF_ERROR(tensor(context, 7, &cos, cd, &cr));
+  RETURN_IF_ERROR(tensor(context, 8, &sin, nd, &nr));
+  if (pk[0] != a.batch || seqlens == NULL || sr != 1 || sd[0] != a.batch || total == NULL)
+    return invalid("CachedAttention: past and seqlens_k must have the query's batch");
+  a.seqlens = seqlens;
+  int64_t longest = *(const int32_t *)total;
+  for (int64_t b = 0; b < a.batch; b++)
+    if (past_length(&a, b) < 0 || past_length(&a, b) > pk[2] || a.seqlens[b] + 1 > longest)
+      return invalid("CachedAttention: seqlens_k does not fit the past and the new tokens");
+  if ((cos == NULL) != (sin == NULL) ||
+      (cos != NULL && (cr != 2 || nr != 2 || cd[1] != a.dim / 2 || nd[1] != a.dim / 2 ||
+                       nd[0] != cd[0] || longest > cd[0] || a.dim % 2)))
+    return invalid("CachedAttention: cos/sin caches must be [positions, dim / 2], long enough");
+  a.cos = cos, a.sin = sin;
+
+  int64_t dims[4] = {a.batch, a.tokens, a.heads * a.dim, 0};
+  RETURN_IF_ERROR(output(context, 0, dims, 3, &a.out));
+  int64_t present[4] = {a.batch, a.kv_heads, pk[2] > longest ? pk[2] : longest, a.dim};
+  RETURN_IF_ERROR(output(context, 1, present, 4, &a.keys));
+  RETURN_IF_ERROR(output(context, 2, present, 4, &a.values));
+  a.capacity = present[2];
+  a.scale = k->scale != 0.0f ? k->scale : 1.0f / sqrtf((float)a.dim);
+  if (a.batch == 0 || a.tokens == 0) return NULL;
+  if (a.keys != past_keys || a.values != past_values) copy_past(&a, past_keys, past_values, pk[2]);
+  append(&a);
+  int64_t group = a.heads / a.kv_heads;
+  a.tiles = (a.tokens * group + LANES - 1) / LANES;
+  size_t tasks = (size_t)(a.batch * a.kv_heads * a.tiles);
+  return g_api->KernelContext_ParallelFor(context, attend_tile, tasks, 0, &a);
+}
+
+static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) {
+  return compute_checked(kernel, context);
+}
+
+static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
+                                             const OrtKernelInfo *info, void **kernel) {
+  (void)op;
+  (void)api;
+  AttentionKernel k = {0};
+  RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "num_heads", &k.heads));
+  RETURN_IF_ERROR(g_api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &k.kv_heads));
+  OrtStatus *missing = g_api->KernelInfoGetAttribute_float(info, "scale", &k.scale);
+  if (missing != NULL) g_api->ReleaseStatus(missing); /* optional: 1 / sqrt(D) */
+  if (k.heads <= 0 || k.kv_heads <= 0 || k.heads % k.kv_heads != 0)
+    return invalid("CachedAttention: num_heads must be a multiple of kv_num_heads");
+  AttentionKernel *made = malloc(sizeof(AttentionKernel));
+  if (made == NULL) return g_api->CreateStatus(ORT_FAIL, "CachedAttention: out of memory");
+  *made = k;
+  *kernel = made;
+  return NULL;
+}
+
+static void ORT_API_CALL destroy_kernel(void *kernel) { free(kernel); }
+
+static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
+  (void)op;
+  return "CachedAttention";
+}
+
+static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  return index == 5 || index == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+                                  : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
+  (void)op;
+  return 9;
+}
+
+static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  (void)index;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static size_t ORT_API_CALL output_count(const OrtCustomOp *op) {
+  (void)op;
+  return 3;
+}
+
+static OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_characteristic(
+    const OrtCustomOp *op, size_t index) {
+  (void)op;
+  int optional = index == 1 || index == 2 || index == 7 || index == 8;
+  return optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
+
+static OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_characteristic(
+    const OrtCustomOp *op, size_t index) {
+  (void)op;
+  (void)index;
+  return INPUT_OUTPUT_REQUIRED;
+}
+
+void tokenshop_fill_attention(OrtCustomOp *op) {
+  tokenshop_fill_common(op);
+  op->GetName = op_name;
+  op->GetInputType = input_type;
+  op->GetInputTypeCount = input_count;
+  op->GetOutputType = output_type;
+  op->GetOutputTypeCount = output_count;
+  op->KernelDestroy = destroy_kernel;
+  op->GetInputCharacteristic = input_characteristic;
+  op->GetOutputCharacteristic = output_characteristic;
+  op->CreateKernelV2 = create_kernel;
+  op->KernelComputeV2 = compute;
+}

@@ -1,0 +1,22 @@
+/* What the library's op files share: ONNX Runtime's API table (set when the library is
+ * registered, before any kernel is made) and the parts of an OrtCustomOp every op fills alike. */
+#ifndef TOKENSHOP_OPS_H
+#define TOKENSHOP_OPS_H
+
+#include "onnxruntime_c_api.h"
+
+extern const OrtApi *g_api;
+
+#define RETURN_IF_ERROR(expr)            \
+  do {                                   \
+    OrtStatus *status_ = (expr);         \
+    if (status_ != NULL) return status_; \
+  } while (0)
+
+/* Version, execution provider (CPU), memory types and opset range (int4_matmul.c). */
+void tokenshop_fill_common(OrtCustomOp *op);
+
+/* CachedAttention (attention.c): its kernel and type callbacks. */
+void tokenshop_fill_attention(OrtCustomOp *op);
+
+#endif
