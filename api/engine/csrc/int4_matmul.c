@@ -178,9 +178,11 @@ static void quantize_row(void *data, size_t row) {
 #define TILE(name) name##_vnni
 #define TILE_VNNI 1
 /* 8 rows: a batch of 8 decoding streams in one pass over the weights, each group unpacked once
- * for all 8 (16 sums in registers; the block sums spill, touched once per block). Against 4 x 2
- * (engine int4 step, 15 interleaved segments): 8 rows 20.60 -> 19.62 ms, 4 rows the same; per
- * projection, 8 and 28 rows 0-19% faster but for down at 8 rows, 64 rows +-10% (noise here). */
+ * for all 8. Against 4 x 2 (engine int4 step, 15 interleaved segments): 8 rows 20.60 -> 19.62
+ * ms, 4 rows the same; per projection, 8 and 28 rows 0-19% faster but for down at 8 rows, 64
+ * rows +-10% (noise here). Panels go in pairs, one 512-bit vector each (TILE(tile_pairs)): 8 rows
+ * 18.73 -> 17.54 ms, 1 row 12.09 -> 11.81 (7 segments); 8 x 4 panels was slower (17.82 ->
+ * 18.41). */
 #define TILE_ROWS 8
 #define TILE_PANELS 2
 #define TILE_PANELS_ONE_ROW 4

@@ -66,6 +66,90 @@ TILE_INLINE float *TILE(out_at)(const MatMulTask *t, int64_t row, int64_t panel)
   return t->y + row * t->y_stride + (t->swiglu ? panel / 2 : panel) * 8;
 }
 
+#if TILE_VNNI
+/* 16 bytes of weights from each of two panels' groups as one vector: panel `a` in the low half. */
+TILE_INLINE __m512i TILE(pair_of)(const uint8_t *a, const uint8_t *b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                            _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+TILE_INLINE __m512 TILE(pair_of_floats)(const float *a, const float *b) {
+  __m512d low = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a)));
+  return _mm512_castpd_ps(_mm512_insertf64x4(low, _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+/* TILE(tile) for an even number of panels, two panels (16 columns) to a 512-bit vector. Zen 4
+ * runs vpdpbusd on 512-bit vectors at nearly the rate of 256-bit ones (measured: 1.83 against
+ * 2.02 G instructions/s per core), so each instruction does twice the multiplies. The weights
+ * keep their 8-column panels: each vector is loaded from two of them. */
+TILE_INLINE void TILE(tile_pairs)(const MatMulTask *t, int64_t row0, const int rows,
+                                  const int pairs, const int groups, const int bits,
+                                  const uint8_t *b, const float *bscale, const float *bias,
+                                  float *y) {
+  const QuantizedRows *r = t->rows;
+  const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+  const int64_t block = r->block, panel = t->panel_bytes;
+  const int8_t *qa = r->q + row0 * block;
+  const float *sa = r->scales + row0, *corrections = r->corrections + row0;
+  __m512 acc[TILE_ROWS][TILE_PANELS_MAX / 2];
+  for (int m = 0; m < rows; m++)
+    for (int c = 0; c < pairs; c++) acc[m][c] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < r->blocks; blk++) {
+    __m512i dot[TILE_ROWS][TILE_PANELS_MAX / 2];
+    for (int m = 0; m < rows; m++)
+      for (int c = 0; c < pairs; c++) dot[m][c] = _mm512_setzero_si512();
+    const uint8_t *bb = b + blk * block * bits;
+    for (int g = 0; g < groups; g++) {
+      if (bits == 8 || (g & 1) == 0) /* the next tile's panels, as TILE(tile) explains */
+        for (int c = 0; c < 2 * pairs; c++)
+          _mm_prefetch((const char *)(bb + (c + 2 * pairs) * panel + 8 * bits * g), _MM_HINT_T1);
+      for (int c = 0; c < pairs; c++) {
+        const uint8_t *group = bb + 2 * c * panel + 8 * bits * g;
+        __m512i lo, hi;
+        if (bits == 4) {
+          __m512i packed = TILE(pair_of)(group, group + panel);
+          lo = _mm512_and_si512(packed, low);
+          hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        } else { /* flipped to unsigned, as TILE(dot8_int8) does */
+          lo = _mm512_xor_si512(TILE(pair_of)(group, group + panel), flip);
+          hi = _mm512_xor_si512(TILE(pair_of)(group + 32, group + panel + 32), flip);
+        }
+        for (int m = 0; m < rows; m++) {
+          int32_t even, odd;
+          memcpy(&even, qa + m * block + 8 * g, 4);
+          memcpy(&odd, qa + m * block + 8 * g + 4, 4);
+          dot[m][c] = _mm512_dpbusd_epi32(dot[m][c], lo, _mm512_set1_epi32(even));
+          dot[m][c] = _mm512_dpbusd_epi32(dot[m][c], hi, _mm512_set1_epi32(odd));
+        }
+      }
+    }
+    for (int c = 0; c < pairs; c++) {
+      const float *first = bscale + 2 * c * t->panel_scales + blk * 8;
+      const __m512 sb = TILE(pair_of_floats)(first, first + t->panel_scales);
+      for (int m = 0; m < rows; m++) {
+        __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot[m][c]), _mm512_set1_ps(sa[m]),
+                                   _mm512_set1_ps(corrections[m]));
+        acc[m][c] = _mm512_fmadd_ps(v, sb, acc[m][c]);
+      }
+    }
+    qa += r->rows * block;
+    sa += r->rows;
+    corrections += r->rows;
+  }
+  for (int c = 0; c < pairs; c++)
+    for (int m = 0; m < rows; m++) {
+      __m256 first = _mm512_castps512_ps256(acc[m][c]);
+      __m256 second = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m][c]), 1));
+      if (t->swiglu) { /* a pair is one (gate, up) pair of panels: 8 columns of Y */
+        _mm256_storeu_ps(y + m * t->y_stride + 8 * c, TILE(swiglu8)(first, second));
+      } else {
+        __m512 add = bias != NULL ? _mm512_loadu_ps(bias + 16 * c) : _mm512_setzero_ps();
+        _mm512_storeu_ps(y + m * t->y_stride + 16 * c, _mm512_add_ps(acc[m][c], add));
+      }
+    }
+}
+#endif
+
 /* y[rows][panels * 8] = rows row0.. of the activations times `panels` panels from `b` (the
  * first panel's weights, of `bits` 4 or 8; `bscale` its scales). Inlined with constant `rows`,
  * `panels`, `groups` (weights per block / 8) and `bits`, so that the loops unroll and the sums
@@ -73,6 +157,12 @@ TILE_INLINE float *TILE(out_at)(const MatMulTask *t, int64_t row, int64_t panel)
 TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, const int panels,
                             const int groups, const int bits, const uint8_t *b,
                             const float *bscale, const float *bias, float *y) {
+#if TILE_VNNI
+  if (panels % 2 == 0) {
+    TILE(tile_pairs)(t, row0, rows, panels / 2, groups, bits, b, bscale, bias, y);
+    return;
+  }
+#endif
   const QuantizedRows *r = t->rows;
   const __m256i low = _mm256_set1_epi8(0x0F);
   const int64_t block = r->block;
