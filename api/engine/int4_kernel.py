@@ -82,7 +82,8 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
     input, a block size in `BLOCK_SIZES`, N a multiple of 8. The attributes are the same; the
     weights and scales are regrouped (`_regroup_weights`); a bias `Add` right behind the node
     becomes its fourth input (ONNX Runtime folds one into `MatMulNBits` itself, not into a
-    custom op: measured, the 24 Adds of a Qwen2.5-0.5B step took 0.9 ms of one sequence's 21)."""
+    custom op: measured, the 24 Adds of a Qwen2.5-0.5B step took 0.9 ms of one sequence's 21),
+    and a residual `Add` behind it the fifth (`fold_residual`)."""
     from onnx import helper
 
     graph = model.graph
@@ -93,6 +94,7 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
             node.op_type, node.domain = OP_TYPE, DOMAIN
             _regroup_weights(graph, node, changed)
             fold_bias(graph, node, constants)
+            fold_residual(graph, node, constants)
             changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
@@ -179,5 +181,31 @@ def fold_bias(
     node.input.append(bias)
     node.output[0] = add.output[0]
     graph.node.remove(node)  # into the Add's place: a merged bias is made after the node
+    graph.node.insert(list(graph.node).index(add), node)
+    graph.node.remove(add)
+
+
+def fold_residual(
+    graph: onnx.GraphProto,
+    node: onnx.NodeProto,
+    constants: dict[str, tuple[int, tuple[int, ...]]],
+) -> None:
+    """Make the `Add` that alone reads `node`'s output and adds a computed tensor to it (the
+    residual stream behind a layer's o and down projections) the node's fifth input: the op
+    adds it as it writes Y. Measured on Qwen2.5-0.5B's int4 step (2 cores), those 48 Adds a
+    step took 0.29 ms for one sequence and 0.42 ms for 8. The op checks, per call, that the
+    residual has Y's size (a broadcast one is refused, not read past)."""
+    output = node.output[0]
+    readers = [n for n in graph.node if output in n.input]
+    if len(readers) != 1 or readers[0].op_type != "Add" or output in {o.name for o in graph.output}:
+        return
+    add = readers[0]
+    residual = add.input[1] if add.input[0] == output else add.input[0]
+    if residual in constants or residual == output:
+        return
+    node.input.extend([""] * (4 - len(node.input)))
+    node.input.append(residual)
+    node.output[0] = add.output[0]
+    graph.node.remove(node)  # into the Add's place: the residual may be made after the node
     graph.node.insert(list(graph.node).index(add), node)
     graph.node.remove(add)

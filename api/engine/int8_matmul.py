@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from api.engine.int4_kernel import DOMAIN, constants_of, fold_bias, isa_of
+from api.engine.int4_kernel import DOMAIN, constants_of, fold_bias, fold_residual, isa_of
 
 if TYPE_CHECKING:
     import onnx
@@ -73,6 +73,7 @@ def use_int8_kernel(model: onnx.ModelProto) -> int:
     for projection in _projections(graph):
         node = _replace(graph, projection, changed)
         fold_bias(graph, node, constants)
+        fold_residual(graph, node, constants)
         changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))

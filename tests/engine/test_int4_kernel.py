@@ -185,6 +185,58 @@ def test_graph_edit_folds_a_bias_add_into_the_op() -> None:
     assert op.input[3] == "bias"
 
 
+def test_graph_edit_folds_a_residual_add_into_the_op() -> None:
+    """A layer's o (or down) projection added to the residual stream `h`, which is computed."""
+    nodes = [nbits_node("o"), helper.make_node("Add", ["h", "o"], ["h2"])]
+    model = nbits_graph(nodes, {"o.scales": np.ones(64, np.float32)})
+    assert use_int4_kernel(model) == 1
+    (op,) = computing(model)
+    assert (op.op_type, list(op.input[3:]), list(op.output)) == (OP_TYPE, ["", "h"], ["h2"])
+
+
+def test_op_adds_the_residual_behind_it(library: Path) -> None:
+    k, n, block = 256, 40, 128
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((2, 3, k)).astype(np.float32)
+    h = rng.standard_normal((2, 3, n)).astype(np.float32)
+    ours = residual_session(k, n, block, library)
+    theirs = residual_session(k, n, block, None)
+    got, want = (s.run(None, {"x": a, "h": h})[0] for s in (ours, theirs))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    with pytest.raises(Exception, match="residual does not match"):  # a broadcast, not read past
+        ours.run(None, {"x": a, "h": h[:1]})
+
+
+def residual_session(k: int, n: int, block: int, library: Path | None) -> ort.InferenceSession:
+    """x [2, 3, k] through a `MatMulNBits`, plus h [.., 3, n]; with `library`, on our op."""
+    b, scales = packed_weights(k, n, block, seed=k + n + block)
+    attributes = {"K": k, "N": n, "bits": 4, "block_size": block, "accuracy_level": 4}
+    nodes = [
+        helper.make_node(
+            "MatMulNBits", ["x", "B", "scales"], ["Y"], domain="com.microsoft", **attributes
+        ),
+        helper.make_node("Add", ["Y", "h"], ["Z"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k]),
+            helper.make_tensor_value_info("h", TensorProto.FLOAT, ["any", 3, n]),
+        ],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, 3, n])],
+        [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    options = ort.SessionOptions()
+    if library is not None:
+        assert use_int4_kernel(model) == 1
+        options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+
 def computing(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The graph's nodes but those that regroup the op's weights (folded when loaded)."""
     return [node for node in model.graph.node if node.op_type not in ("Reshape", "Transpose")]
@@ -233,8 +285,12 @@ def test_served_graph_runs_every_int4_projection_with_our_op(
     assert "MatMulNBits" not in ops
     swiglu = [n for n in nodes if any(a.name == "swiglu" and a.i == 1 for a in n.attribute)]
     assert len(swiglu) == layers and not {"Sigmoid", "QuickGelu"} & set(ops)
-    biased = [node for node in nodes if node.op_type == OP_TYPE and len(node.input) == 4]
-    assert len(biased) == layers  # qwen2's q/k/v biases, folded into the op
+    biased = [
+        node for node in nodes if node.op_type == OP_TYPE and node.input[3:4] not in ([], [""])
+    ]
+    assert len(biased) == layers  # qwen2's merged q/k/v bias; o and down have none
+    residual = [node for node in nodes if node.op_type == OP_TYPE and len(node.input) == 5]
+    assert len(residual) == 2 * layers and "Add" not in ops  # o and down add the residual
     # the weights' regrouping ran once, at load: the cached graph holds its results
     initializers = {init.name for init in graph.initializer}
     ours = [node for node in nodes if node.op_type == OP_TYPE]

@@ -15,6 +15,8 @@
  *           weight 2j in its low nibble and 2j+1 in its high one (MatMulNBits' bytes, regrouped)
  *   scales  [N / 8][K' / block][8]
  *   bias    [N], optional: the edit takes it from an Add behind the node
+ *   residual  [.., N] like Y, optional: added to Y (the residual Add behind a layer's output
+ *           projections, taken by the same edit; a separate Add was 48 ops a step)
  * Supported: bits 4, no zero points (the quantizer's symmetric mode: zero point 8), block_size
  * 64, 128 or 256, N a multiple of 8.
  * With `swiglu` = 1 (the edit sets it on a SwiGLU MLP's merged gate/up projection), the panels
@@ -64,7 +66,8 @@ typedef struct {
   const QuantizedRows *rows;
   const uint8_t *b;
   const float *scales;
-  const float *bias; /* [n], or NULL */
+  const float *bias;     /* [n], or NULL */
+  const float *residual; /* [rows][n], or NULL */
   float *y;
   int64_t n;            /* B's columns */
   int64_t y_stride;     /* Y's: n, or n / 2 with `swiglu` */
@@ -273,7 +276,7 @@ static OrtStatus *input_data(OrtKernelContext *context, size_t index, int64_t ex
   if (status != NULL) return status;
   if ((int64_t)elements != expected)
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT,
-                               "Int4MatMul: B, scales or bias does not match K, N, block_size");
+                               "Int4MatMul: B, scales, bias or residual does not match K, N, block_size, A");
   return g_api->GetTensorMutableData((OrtValue *)value, (void **)data);
 }
 
@@ -330,9 +333,15 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   RETURN_IF_ERROR(
       input_data(context, 1, k->n * blocks * k->block * k->bits / 8, (const void **)&b));
   RETURN_IF_ERROR(input_data(context, 2, k->n * blocks, (const void **)&scales));
-  const float *bias;
+  const float *bias, *residual;
   RETURN_IF_ERROR(input_data(context, 3, k->n, (const void **)&bias));
-  if (bias != NULL && k->swiglu)
+  status = input_data(context, 4, rows * k->n, (const void **)&residual);
+  if (status != NULL) {
+    g_api->ReleaseStatus(status);
+    return g_api->CreateStatus(ORT_INVALID_ARGUMENT, "Int4MatMul: the residual does not match "
+                                                     "Y's shape (a broadcast is not taken)");
+  }
+  if ((bias != NULL || residual != NULL) && k->swiglu)
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT, "Int4MatMul: swiglu takes no bias");
 
   QuantizedRows r;
@@ -347,6 +356,7 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
                            .b = b,
                            .scales = scales,
                            .bias = bias,
+                           .residual = residual,
                            .y = y,
                            .n = k->n,
                            .y_stride = dims[rank - 1],
@@ -382,7 +392,7 @@ static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, 
 
 static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
   (void)op;
-  return 4; /* A, B, scales, and an optional bias */
+  return 5; /* A, B, scales, and an optional bias and residual */
 }
 
 static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
@@ -399,7 +409,7 @@ static size_t ORT_API_CALL output_count(const OrtCustomOp *op) {
 static OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_characteristic(
     const OrtCustomOp *op, size_t index) {
   (void)op;
-  return index == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  return index >= 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 
 static OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_characteristic(

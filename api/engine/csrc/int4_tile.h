@@ -66,8 +66,13 @@ TILE_INLINE float *TILE(out_at)(const MatMulTask *t, int64_t row, int64_t panel)
   return t->y + row * t->y_stride + (t->swiglu ? panel / 2 : panel) * 8;
 }
 
+/* The residual's values for the Y values at `y` (the residual is laid out as Y; no swiglu). */
+TILE_INLINE const float *TILE(residual_at)(const MatMulTask *t, const float *y) {
+  return t->residual != NULL ? t->residual + (y - t->y) : NULL;
+}
+
 #if TILE_VNNI
-/* 16 bytes of weights from each of two panels' groups as one vector: panel `a` in the low half. */
+/* A group's 32 bytes from each of two panels as one vector, panel `a`'s in the low half. */
 TILE_INLINE __m512i TILE(pair_of)(const uint8_t *a, const uint8_t *b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
                             _mm256_loadu_si256((const __m256i *)b), 1);
@@ -78,10 +83,11 @@ TILE_INLINE __m512 TILE(pair_of_floats)(const float *a, const float *b) {
   return _mm512_castpd_ps(_mm512_insertf64x4(low, _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
 }
 
-/* TILE(tile) for an even number of panels, two panels (16 columns) to a 512-bit vector. Zen 4
- * runs vpdpbusd on 512-bit vectors at nearly the rate of 256-bit ones (measured: 1.83 against
- * 2.02 G instructions/s per core), so each instruction does twice the multiplies. The weights
- * keep their 8-column panels: each vector is loaded from two of them. */
+/* TILE(tile) for an even number of panels, two panels (16 columns) to a 512-bit vector. An
+ * AVX-512 Xeon (with AMX) ran vpdpbusd on 512-bit vectors at nearly the rate of 256-bit ones
+ * (7.07 against 8.1 G instructions/s per core, 10 independent sums), so each instruction does
+ * 1.75x the multiplies. The weights keep their 8-column panels: each vector is loaded from two
+ * of them. */
 TILE_INLINE void TILE(tile_pairs)(const MatMulTask *t, int64_t row0, const int rows,
                                   const int pairs, const int groups, const int bits,
                                   const uint8_t *b, const float *bscale, const float *bias,
@@ -136,16 +142,20 @@ TILE_INLINE void TILE(tile_pairs)(const MatMulTask *t, int64_t row0, const int r
     sa += r->rows;
     corrections += r->rows;
   }
+  const float *residual = TILE(residual_at)(t, y);
   for (int c = 0; c < pairs; c++)
     for (int m = 0; m < rows; m++) {
       __m256 first = _mm512_castps512_ps256(acc[m][c]);
       __m256 second = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m][c]), 1));
       if (t->swiglu) { /* a pair is one (gate, up) pair of panels: 8 columns of Y */
         _mm256_storeu_ps(y + m * t->y_stride + 8 * c, TILE(swiglu8)(first, second));
-      } else {
-        __m512 add = bias != NULL ? _mm512_loadu_ps(bias + 16 * c) : _mm512_setzero_ps();
-        _mm512_storeu_ps(y + m * t->y_stride + 16 * c, _mm512_add_ps(acc[m][c], add));
+        continue;
       }
+      __m512 out = acc[m][c];
+      if (bias != NULL) out = _mm512_add_ps(out, _mm512_loadu_ps(bias + 16 * c));
+      if (residual != NULL)
+        out = _mm512_add_ps(out, _mm512_loadu_ps(residual + m * t->y_stride + 16 * c));
+      _mm512_storeu_ps(y + m * t->y_stride + 16 * c, out);
     }
 }
 #endif
@@ -222,10 +232,15 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
         _mm256_storeu_ps(y + m * t->y_stride + 4 * c, TILE(swiglu8)(acc[m][c], acc[m][c + 1]));
     return;
   }
+  const float *residual = TILE(residual_at)(t, y);
   for (int c = 0; c < panels; c++) {
     const __m256 add = bias != NULL ? _mm256_loadu_ps(bias + 8 * c) : _mm256_setzero_ps();
-    for (int m = 0; m < rows; m++)
-      _mm256_storeu_ps(y + m * t->y_stride + 8 * c, _mm256_add_ps(acc[m][c], add));
+    for (int m = 0; m < rows; m++) {
+      __m256 out = _mm256_add_ps(acc[m][c], add);
+      if (residual != NULL)
+        out = _mm256_add_ps(out, _mm256_loadu_ps(residual + m * t->y_stride + 8 * c));
+      _mm256_storeu_ps(y + m * t->y_stride + 8 * c, out);
+    }
   }
 }
 
