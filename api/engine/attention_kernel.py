@@ -12,7 +12,9 @@ Two ops before each attention go with it:
   ONNX Runtime's SGEMM), which becomes the op's `scale` attribute;
 - the `Split` of the merged q/k/v projection (`merged_projections.py`): the op reads q, k and v
   packed in one tensor.
-Each goes only when nothing else reads its outputs. Nodes with a local window, soft-capping,
+Each goes only when nothing else reads its outputs. Our op also takes left-padded rows, so when
+every attention of a graph is ours the engine prefills prompts of different lengths in one call
+(`kv_slots.py`). Nodes with a local window, soft-capping,
 interleaved rotary or inputs past the rotary caches are left to ONNX Runtime, and so are those
 whose cache is not a float32 graph input with a head size the op takes (a multiple of 8 up to 256).
 """
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
     import onnx
 
 OP_TYPE = "CachedAttention"
+# Model metadata the edit sets when every attention of the graph is ours: kept in ONNX Runtime's
+# optimized-graph cache, and read back from the session (`model.py`).
+PADDED_PREFILL = "tokenshop.padded_prefill"
 _INPUTS = 9  # query, key, value, past key, past value, seqlens_k, total, cos, sin
 _MAX_DIM = 256  # the op's tile buffers
 
@@ -79,7 +84,19 @@ def use_attention_kernel(model: onnx.ModelProto) -> int:
         changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if changed and not any(node.op_type == "GroupQueryAttention" for node in graph.node):
+        helper.set_model_props(model, {**_props(model), PADDED_PREFILL: "1"})
     return changed
+
+
+def takes_left_padding(metadata: dict[str, str]) -> bool:
+    """Whether a graph's every attention is ours (its custom metadata says so), so that prompts
+    of different lengths may be prefilled in one call, left-padded."""
+    return metadata.get(PADDED_PREFILL) == "1"
+
+
+def _props(model: onnx.ModelProto) -> dict[str, str]:
+    return {prop.key: prop.value for prop in model.metadata_props}
 
 
 def _head_dims(graph: onnx.GraphProto) -> dict[str, int]:

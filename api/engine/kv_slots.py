@@ -7,7 +7,8 @@ no cache at all. Row r holds one sequence's keys at positions `[0, length)` (rig
 graph's `seqlens_k` input tells attention each row's length).
 
 A graph call covers a contiguous block of rows, so decoding sequences always sit in rows
-`[0, decoding)`, in the order of `seqs`. A prompt being prefilled owns a row above them; when its
+`[0, decoding)`, in the order of `seqs`. A prompt being prefilled owns a row above them (prompts
+prefilled together, adjacent rows); when its
 prompt is complete it is swapped down to row `decoding`. A sequence that leaves is replaced by the
 last decoding row. Those moves copy one row's filled part, and only when the batch changes.
 
@@ -47,15 +48,20 @@ class SlotBatch:
         self._rows: list[Sequence | None] = [None] * slots
         self._lengths = np.zeros(slots, np.int64)  # tokens in the cache, per row
         self.seqs: list[Sequence] = []  # decoding, rows [0, len(seqs))
-        self.grouping: Grouping = "single"  # attention takes one prompt per call
+        # ONNX Runtime's attention takes one prompt per call; ours takes whole prompts of
+        # different lengths left-padded in one (the weights are read once for all of them).
+        self.grouping: Grouping = "padded" if model.spec.padded_prefill else "single"
         self._binding: tuple[tuple[int, int, int], ort.IOBinding] | None = None
         self._logits = model.logits_buffer(slots)  # None: ONNX Runtime allocates them
 
     # ---- the scheduler's operations ----------------------------------------------------------
 
     def prefill(self, call: PrefillCall) -> np.ndarray:
-        """Run the next `call.tokens` prompt tokens of the call's one request; last logits
-        (valid until the next graph call, like `decode`'s)."""
+        """Run the next `call.tokens` prompt tokens of the call's one request, or the whole
+        prompts of several; last logits, a row per request (valid until the next graph call,
+        like `decode`'s)."""
+        if len(call.group) > 1:
+            return self._prefill_whole(call.group, call.tokens)
         (item,) = call.group
         row = self._row_of(item.seq) if item.done else self._free_row(item.seq)
         end = item.done + call.tokens
@@ -63,6 +69,26 @@ class SlotBatch:
         logits = self._run(row, ids, positions, np.array([end], np.int64))
         self._lengths[row] = end
         item.done = end
+        return logits
+
+    def _prefill_whole(self, items: list[Prefill], width: int) -> np.ndarray:
+        """Whole prompts in one call over adjacent rows, each left-padded to `width` (padding
+        is neither cached nor attended to: `csrc/attention.c`)."""
+        first = self._free_block(items)
+        if first is None:  # no adjacent free rows: one call each
+            parts = [self.prefill(PrefillCall([item], item.remaining)).copy() for item in items]
+            return np.concatenate(parts)
+        ids = np.zeros((len(items), width), np.int64)
+        positions = np.zeros_like(ids)
+        totals = np.array([item.seq.prompt_len for item in items], np.int64)
+        for row, item in enumerate(items):
+            tokens, at = item.next_tokens(item.remaining)
+            ids[row, width - tokens.shape[1] :] = tokens[0]
+            positions[row, width - tokens.shape[1] :] = at[0]
+        logits = self._run(first, ids, positions, totals)
+        self._lengths[first : first + len(items)] = totals
+        for item, total in zip(items, totals.tolist(), strict=True):
+            item.done = total
         return logits
 
     def seed(self, item: Prefill, hit: PrefixHit) -> None:
@@ -126,6 +152,16 @@ class SlotBatch:
         self._rows[row] = seq
         self._lengths[row] = 0
         return row
+
+    def _free_block(self, items: list[Prefill]) -> int | None:
+        """The first of `len(items)` adjacent free rows above the decoding ones, now theirs."""
+        count = len(items)
+        for first in range(len(self.seqs), len(self._rows) - count + 1):
+            if all(row is None for row in self._rows[first : first + count]):
+                for offset, item in enumerate(items):
+                    self._rows[first + offset] = item.seq
+                return first
+        return None
 
     def _swap(self, a: int, b: int) -> None:
         if a == b:

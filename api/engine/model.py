@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from api.engine.attention_kernel import use_attention_kernel
+from api.engine.attention_kernel import takes_left_padding, use_attention_kernel
 from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
 from api.engine.int4_kernel import register as register_int4_kernel
@@ -62,6 +62,9 @@ class GraphSpec:
     # Attention is ONNX Runtime's GroupQueryAttention over a shared past/present buffer
     # (`fused_attention.py`): the engine binds one preallocated cache (`kv_slots.py`).
     shared_kv: bool = False
+    # Every attention is our op, which takes left-padded rows (`attention_kernel.py`): prompts
+    # of different lengths can be prefilled in one call.
+    padded_prefill: bool = False
 
 
 def read_json(path: Path, *, required: bool) -> dict[str, Any]:
@@ -131,6 +134,7 @@ def _inspect(session: ort.InferenceSession, path: Path, config: dict[str, Any]) 
         ids_dtype=ids_dtype,
         mask_dtype=mask_dtype,
         shared_kv=SEQLENS in inputs,
+        padded_prefill=takes_left_padding(session.get_modelmeta().custom_metadata_map),
     )
 
 
@@ -165,7 +169,7 @@ def _can_edit() -> bool:
 FUSED_TAG = "gqa-rope-v3+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v4+swiglu"
 INT8_KERNEL_TAG = "int8-kernel-v1"
-ATTENTION_KERNEL_TAG = "attention-kernel-v1"
+ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
 
 
 def _graph_source(

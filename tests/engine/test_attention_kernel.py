@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from api.engine.attention_kernel import OP_TYPE, use_attention_kernel
+from api.engine.kv_slots import SlotBatch
 from tests.engine.conftest import greedy, make_engine, run_steps, served_ops
 from tests.engine.test_exactness import (
     assert_same_tokens,
@@ -193,6 +194,30 @@ def test_separate_inputs_and_no_rotary_match_onnx_runtime(library, rotary, packe
     compare(QWEN, library, past=[9], tokens=20, rotary=rotary, packed=packed)
 
 
+@pytest.mark.parametrize("shape", [QWEN, Shape(4, 4, 32)], ids=str)
+def test_left_padded_prompts_each_get_what_they_get_alone(library, shape) -> None:
+    """Prompts of 5, 37 and 20 tokens in one call of 37 (left-padded; the engine prefills
+    prompts that arrive together so): each row's outputs and cache are those of its prompt run
+    alone by ONNX Runtime, and the padding's outputs are zeros."""
+    theirs, ours = both(shape, library)
+    lengths, width = np.array([5, 37, 20]), 37
+    cache_shape = (len(lengths), shape.kv_heads, width + 3, shape.dim)
+    cache = [np.full(cache_shape, 7.0, np.float32) for _ in range(2)]
+    x = token_feeds(shape, True, len(lengths), width, seed=2)["x"]
+    got = run_in_place(ours, {"x": x}, cache, lengths)
+    for row, length in enumerate(lengths.tolist()):
+        alone = [np.zeros((1, *cache_shape[1:]), np.float32) for _ in range(2)]
+        feeds = {"x": np.ascontiguousarray(x[row : row + 1, width - length :])}
+        want = run_in_place(theirs, feeds, alone, np.array([length]))
+        np.testing.assert_allclose(got[row, width - length :], want[0], rtol=1e-4, atol=2e-5)
+        assert not got[row, : width - length].any()
+        for got_cache, want_cache in zip(cache, alone, strict=True):
+            np.testing.assert_allclose(
+                got_cache[row, :, :length], want_cache[0, :, :length], rtol=1e-5, atol=1e-6
+            )
+            assert (got_cache[row, :, length:] == 7.0).all()  # padding is not cached
+
+
 def test_an_unbound_present_gets_the_past_copied_into_it(library) -> None:
     """Without I/O binding ONNX Runtime allocates the present (the graph as tests run it)."""
     theirs, ours = both(QWEN, library)
@@ -221,8 +246,8 @@ def test_lengths_that_do_not_fit_the_cache_are_refused(library) -> None:
         **token_feeds(QWEN, True, 1, 4, seed=1),
         "past_key": np.zeros((1, 2, 8, 64), np.float32),
         "past_value": np.zeros((1, 2, 8, 64), np.float32),
-        "seqlens_k": np.array([1], np.int32),  # 2 tokens in all, but 4 new ones
-        "total": np.array(2, np.int32),
+        "seqlens_k": np.array([13], np.int32),  # 14 tokens in all: 10 past, but 8 fit
+        "total": np.array(14, np.int32),
     }
     with pytest.raises(Exception, match="seqlens_k does not fit"):
         ours.run(None, feeds)
@@ -282,3 +307,29 @@ def test_sequences_decoding_on_our_op_match_transformers(tiny_exports, library, 
     for i, (_, _, max_tokens) in enumerate(plan):
         want = transformers_greedy(export, prompts[i], max_tokens)
         assert_same_tokens(export, prompts[i], tokens_of(outputs[f"r{i}"]), want)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prompts_arriving_together_are_prefilled_in_one_call_and_match_transformers(
+    tiny_exports, library, arch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export = tiny_exports[arch]
+    engine = make_engine(export.path, int4_kernel=library)
+    calls: list[tuple[int, int]] = []
+    run = SlotBatch._run
+
+    def counted(
+        self: SlotBatch, first_row: int, ids: np.ndarray, positions: np.ndarray, totals: np.ndarray
+    ) -> np.ndarray:
+        calls.append(ids.shape)
+        return run(self, first_row, ids, positions, totals)
+
+    monkeypatch.setattr(SlotBatch, "_run", counted)
+    plan = {"a": (5, 12), "b": (17, 9), "c": (9, 14)}  # prompt length, max tokens
+    prompts = {name: random_prompt(export, n, seed=40 + n) for name, (n, _) in plan.items()}
+    requests = [greedy(name, prompts[name], tokens) for name, (_, tokens) in plan.items()]
+    outputs, _ = run_steps(engine, {0: requests})
+    assert [shape for shape in calls if shape[1] > 1] == [(3, 17)]  # one call, left-padded
+    for name, (_, tokens) in plan.items():
+        want = transformers_greedy(export, prompts[name], tokens)
+        assert_same_tokens(export, prompts[name], tokens_of(outputs[name]), want)

@@ -1,7 +1,11 @@
 /* CachedAttention (domain "tokenshop"): ONNX Runtime's GroupQueryAttention over a KV cache that
  * past and present share, for the CPU: the same inputs, outputs and semantics (right-padded rows,
  * `seqlens_k` = each row's total length - 1, rotary from cos/sin caches, non-interleaved), with
- * the query scale as the `scale` attribute and q, k, v optionally packed in one tensor.
+ * the query scale as the `scale` attribute, q, k, v optionally packed in one tensor, and left
+ * padding: a row whose total is less than the call's S new tokens has that many fewer, at the
+ * end, after padding tokens that are not cached, attended to or attending (their output is 0).
+ * So prompts of different lengths are prefilled in one call, each row's last token last (the
+ * engine's graph returns only the last position's logits).
  *
  * Why: ONNX Runtime's CPU kernel runs two SGEMM calls per sequence and query head (224 a layer
  * for 8 sequences of Qwen2.5-0.5B's shape, 14 heads), each a few thousand multiplies; on 2 cores
@@ -79,8 +83,15 @@ static void rotate(const Attention *a, const float *x, int64_t position, float s
   }
 }
 
+/* Tokens row `row` had cached before this call; negative: minus its left padding. */
 static int64_t past_length(const Attention *a, int64_t row) {
   return (int64_t)a->seqlens[row] + 1 - a->tokens;
+}
+
+/* The row's first new token that is not padding. */
+static int64_t first_token(const Attention *a, int64_t row) {
+  int64_t past = past_length(a, row);
+  return past < 0 ? -past : 0;
 }
 
 static float *cache_row(const Attention *a, float *cache, int64_t row, int64_t head) {
@@ -92,7 +103,7 @@ static void append(const Attention *a) {
   int64_t d = a->dim;
   for (int64_t b = 0; b < a->batch; b++) {
     int64_t past = past_length(a, b);
-    for (int64_t s = 0; s < a->tokens; s++) {
+    for (int64_t s = first_token(a, b); s < a->tokens; s++) {
       int64_t token = b * a->tokens + s;
       for (int64_t h = 0; h < a->kv_heads; h++) {
         float *key = cache_row(a, a->keys, b, h) + (past + s) * d;
@@ -111,8 +122,7 @@ typedef struct {
   float acc[LANES][MAX_DIM] __attribute__((aligned(32))); /* sum of p * value, per lane */
   __m256 scores[KEY_BLOCK];
   int32_t visible[LANES]; /* keys lane l may attend to: [0, visible[l]) */
-  int64_t lanes;          /* lanes holding a query row */
-  const float *query_rows[LANES];
+  float *out[LANES];      /* where lane l's row of the output goes; NULL: no query row */
 } Tile;
 
 /* scores[i] = the tile's queries . key i, for `n` keys from `keys`. Four keys at a time: each
@@ -208,29 +218,28 @@ TARGET static void attend_tile(void *data, size_t index) {
   Tile t;
   float rotated[MAX_DIM];
   memset(t.qt, 0, (size_t)dim * sizeof t.qt[0]);
-  t.lanes = 0;
   int64_t count = 0;
   for (int l = 0; l < LANES; l++) {
     int64_t r = tile * LANES + l, s = r / group;
     t.visible[l] = 1; /* a lane without a query row attends one key, and is not written */
-    if (s >= a->tokens) continue;
+    t.out[l] = NULL;
+    if (s >= a->tokens || s < first_token(a, b)) continue;
     int64_t token = b * a->tokens + s, query_head = head * group + r % group;
     rotate(a, a->q + token * a->q_stride + query_head * dim, past + s, a->scale, rotated);
     for (int64_t d = 0; d < dim; d++) t.qt[d][l] = rotated[d];
-    t.query_rows[l] = a->out + (token * a->heads + query_head) * dim;
+    t.out[l] = a->out + (token * a->heads + query_head) * dim;
     t.visible[l] = (int32_t)(past + s + 1);
     count = past + s + 1 > count ? past + s + 1 : count;
-    t.lanes = l + 1;
   }
   __m256 total = attend_keys(&t, cache_row(a, a->keys, b, head), cache_row(a, a->values, b, head),
                              count, dim);
   float denominator[LANES] __attribute__((aligned(32)));
   _mm256_store_ps(denominator, total);
-  for (int64_t l = 0; l < t.lanes; l++) {
+  for (int l = 0; l < LANES; l++) {
+    if (t.out[l] == NULL) continue;
     __m256 inverse = _mm256_set1_ps(1.0f / denominator[l]);
     for (int64_t d = 0; d < dim; d += 8)
-      _mm256_storeu_ps((float *)t.query_rows[l] + d,
-                       _mm256_mul_ps(_mm256_load_ps(t.acc[l] + d), inverse));
+      _mm256_storeu_ps(t.out[l] + d, _mm256_mul_ps(_mm256_load_ps(t.acc[l] + d), inverse));
   }
 }
 
@@ -271,7 +280,8 @@ static OrtStatus *output(OrtKernelContext *context, size_t index, const int64_t 
 static void copy_past(const Attention *a, const float *past_keys, const float *past_values,
                       int64_t past_capacity) {
   for (int64_t b = 0; b < a->batch; b++) {
-    size_t bytes = (size_t)(past_length(a, b) * a->dim) * sizeof(float);
+    int64_t past = past_length(a, b);
+    size_t bytes = (size_t)((past > 0 ? past : 0) * a->dim) * sizeof(float);
     for (int64_t h = 0; h < a->kv_heads; h++) {
       int64_t from = (b * a->kv_heads + h) * past_capacity * a->dim;
       memcpy(cache_row(a, a->keys, b, h), past_keys + from, bytes);
@@ -329,7 +339,7 @@ static OrtStatus *compute_checked(const AttentionKernel *k, OrtKernelContext *co
   a.seqlens = seqlens;
   int64_t longest = *(const int32_t *)total;
   for (int64_t b = 0; b < a.batch; b++)
-    if (past_length(&a, b) < 0 || past_length(&a, b) > pk[2] || a.seqlens[b] + 1 > longest)
+    if (a.seqlens[b] < 0 || past_length(&a, b) > pk[2] || a.seqlens[b] + 1 > longest)
       return invalid("CachedAttention: seqlens_k does not fit the past and the new tokens");
   if ((cos == NULL) != (sin == NULL) ||
       (cos != NULL && (cr != 2 || nr != 2 || cd[1] != a.dim / 2 || nd[1] != a.dim / 2 ||
@@ -347,6 +357,9 @@ static OrtStatus *compute_checked(const AttentionKernel *k, OrtKernelContext *co
   if (a.batch == 0 || a.tokens == 0) return NULL;
   if (a.keys != past_keys || a.values != past_values) copy_past(&a, past_keys, past_values, pk[2]);
   append(&a);
+  for (int64_t b = 0; b < a.batch; b++) /* padding's output: zeros, not what memory held */
+    memset(a.out + b * a.tokens * a.heads * a.dim, 0,
+           (size_t)(first_token(&a, b) * a.heads * a.dim) * sizeof(float));
   int64_t group = a.heads / a.kv_heads;
   a.tiles = (a.tokens * group + LANES - 1) / LANES;
   size_t tasks = (size_t)(a.batch * a.kv_heads * a.tiles);
