@@ -184,10 +184,11 @@ static void quantize_row(void *data, size_t row) {
  * for all 8. Against 4 x 2 (engine int4 step, 15 interleaved segments): 8 rows 20.60 -> 19.62
  * ms, 4 rows the same; per projection, 8 and 28 rows 0-19% faster but for down at 8 rows, 64
  * rows +-10% (noise here). Panels go in pairs, one 512-bit vector each (TILE(tile_pairs)): 8 rows
- * 18.73 -> 17.54 ms, 1 row 12.09 -> 11.81 (7 segments); 8 x 4 panels was slower (17.82 ->
- * 18.41). */
+ * 18.73 -> 17.54 ms, 1 row 12.09 -> 11.81 (7 segments). 8 x 4 panels was slower (17.82 -> 18.41)
+ * until its tile was written out row by row (TILE(tile8)): then 17.62 -> 16.78 against 8 x 2
+ * (5 segments), and a 224-row prefill's projections 11-15% faster. */
 #define TILE_ROWS 8
-#define TILE_PANELS 2
+#define TILE_PANELS 4
 #define TILE_PANELS_ONE_ROW 4
 #define TILE_PANELS_MAX 4
 #include "int4_tile.h"
