@@ -183,6 +183,11 @@ TARGET static __m256 attend_keys(Tile *t, const float *keys, const float *values
   for (int l = 0; l < LANES; l++) memset(t->acc[l], 0, (size_t)dim * sizeof(float));
   for (int64_t first = 0; first < count; first += KEY_BLOCK) {
     int64_t n = count - first < KEY_BLOCK ? count - first : KEY_BLOCK;
+    /* The block's values, and the next block's keys, are on their way while it scores. */
+    for (int64_t line = 0; line < n * dim; line += 16)
+      _mm_prefetch((const char *)(values + first * dim + line), _MM_HINT_T0);
+    for (int64_t line = 0; line < KEY_BLOCK * dim && first + n < count; line += 16)
+      _mm_prefetch((const char *)(keys + (first + n) * dim + line), _MM_HINT_T0);
     score(t, keys + first * dim, n, dim, t->scores);
     __m256 block_top = top;
     for (int64_t i = 0; i < n; i++) {
