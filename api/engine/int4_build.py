@@ -106,7 +106,7 @@ def build(library: Path | None = None) -> Path:
     library.parent.mkdir(parents=True, exist_ok=True)
     partial = library.with_suffix(".partial")
     command = [compiler, "-O3", "-std=c11", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror"]
-    command += [f"-I{headers}", *map(str, SOURCES), "-o", str(partial)]
+    command += [f"-I{headers}", *map(str, SOURCES), "-lm", "-o", str(partial)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise BuildError(f"{Path(compiler).name} failed: {result.stderr.strip()[:500]}")

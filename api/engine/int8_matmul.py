@@ -72,7 +72,7 @@ def use_int8_kernel(model: onnx.ModelProto) -> int:
     changed = 0
     for projection in _projections(graph):
         node = _replace(graph, projection, changed)
-        fold_bias(graph, node, constants)
+        node = fold_bias(graph, node, constants)
         fold_residual(graph, node, constants)
         changed += 1
     if changed and not any(o.domain == DOMAIN for o in model.opset_import):

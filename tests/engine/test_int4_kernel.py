@@ -194,6 +194,21 @@ def test_graph_edit_folds_a_residual_add_into_the_op() -> None:
     assert (op.op_type, list(op.input[3:]), list(op.output)) == (OP_TYPE, ["", "h"], ["h2"])
 
 
+def test_graph_edit_folds_a_bias_and_then_a_residual_add_into_one_op() -> None:
+    """Folding the bias moves the node; the residual must still fold into the node the graph
+    holds (a moved protobuf message is a copy)."""
+    nodes = [
+        nbits_node("o"),
+        helper.make_node("Add", ["o", "o.bias"], ["biased"]),
+        helper.make_node("Add", ["h", "biased"], ["h2"]),
+    ]
+    vectors = {"o.scales": np.ones(64, np.float32), "o.bias": np.ones(64, np.float32)}
+    model = nbits_graph(nodes, vectors)
+    assert use_int4_kernel(model) == 1
+    (op,) = computing(model)
+    assert (op.op_type, list(op.input[3:]), list(op.output)) == (OP_TYPE, ["o.bias", "h"], ["h2"])
+
+
 def test_op_adds_the_residual_behind_it(library: Path) -> None:
     k, n, block = 256, 40, 128
     rng = np.random.default_rng(4)
