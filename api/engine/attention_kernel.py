@@ -22,10 +22,9 @@ whose cache is not a float32 graph input with a head size the op takes (a multip
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from api.engine.int4_kernel import DOMAIN
+from api.engine.int4_kernel import DOMAIN, readers_of
 
 if TYPE_CHECKING:
     import onnx
@@ -46,10 +45,7 @@ def use_attention_kernel(model: onnx.ModelProto) -> int:
     graph = model.graph
     head_dims = _head_dims(graph)
     producer = {out: node for node in graph.node for out in node.output}
-    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            readers[name].append(node)
+    readers = readers_of(graph)
     scalars = _float_scalars(graph)
     changed = 0
     for node in list(graph.node):

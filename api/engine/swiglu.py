@@ -14,12 +14,11 @@ product by one `Mul` with the second half, and nothing else reading any of them.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from api.engine.int4_kernel import DOMAIN, OP_TYPE
+from api.engine.int4_kernel import DOMAIN, OP_TYPE, readers_of
 
 if TYPE_CHECKING:
     import onnx
@@ -31,10 +30,7 @@ def fold_swiglu(model: onnx.ModelProto) -> int:
     """Fold every SwiGLU activation behind a merged gate/up `Int4MatMul` into it, in place; how
     many."""
     graph = model.graph
-    readers: _Readers = defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            readers[name].append(node)
+    readers = readers_of(graph)
     sizes = _split_sizes(graph)
     folded = 0
     for node in list(graph.node):

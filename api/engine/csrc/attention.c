@@ -257,10 +257,8 @@ static OrtStatus *invalid(const char *message) {
 /* Input `index`'s data and shape (rank at most 4); NULL data for an absent optional input. */
 static OrtStatus *tensor(OrtKernelContext *context, size_t index, void **data, int64_t *dims,
                          size_t *rank) {
-  size_t count;
-  RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
-  const OrtValue *value = NULL;
-  if (index < count) RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  const OrtValue *value;
+  RETURN_IF_ERROR(tokenshop_input(context, index, &value));
   *data = NULL;
   *rank = 0;
   if (value == NULL) return NULL;
@@ -411,12 +409,6 @@ static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
   return 9;
 }
 
-static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-
 static size_t ORT_API_CALL output_count(const OrtCustomOp *op) {
   (void)op;
   return 3;
@@ -429,23 +421,14 @@ static OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_characteristic(
   return optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 
-static OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_characteristic(
-    const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return INPUT_OUTPUT_REQUIRED;
-}
-
 void tokenshop_fill_attention(OrtCustomOp *op) {
   tokenshop_fill_common(op);
   op->GetName = op_name;
   op->GetInputType = input_type;
   op->GetInputTypeCount = input_count;
-  op->GetOutputType = output_type;
   op->GetOutputTypeCount = output_count;
   op->KernelDestroy = destroy_kernel;
   op->GetInputCharacteristic = input_characteristic;
-  op->GetOutputCharacteristic = output_characteristic;
   op->CreateKernelV2 = create_kernel;
   op->KernelComputeV2 = compute;
 }

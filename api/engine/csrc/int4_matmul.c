@@ -261,12 +261,18 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
 
 /* Input `index`'s data, after checking it holds `expected` elements (a malformed graph must not
  * make the kernel read past a tensor); NULL data for an optional input the node leaves out. */
-static OrtStatus *input_data(OrtKernelContext *context, size_t index, int64_t expected,
-                             const void **data) {
+OrtStatus *tokenshop_input(OrtKernelContext *context, size_t index, const OrtValue **value) {
   size_t count;
   RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &count));
-  const OrtValue *value = NULL;
-  if (index < count) RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  *value = NULL;
+  if (index < count) RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, value));
+  return NULL;
+}
+
+static OrtStatus *input_data(OrtKernelContext *context, size_t index, int64_t expected,
+                             const void **data) {
+  const OrtValue *value;
+  RETURN_IF_ERROR(tokenshop_input(context, index, &value));
   *data = NULL;
   if (value == NULL) return NULL;
   OrtTensorTypeAndShapeInfo *info;
@@ -277,7 +283,8 @@ static OrtStatus *input_data(OrtKernelContext *context, size_t index, int64_t ex
   if (status != NULL) return status;
   if ((int64_t)elements != expected)
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT,
-                               "Int4MatMul: B, scales, bias or residual does not match K, N, block_size, A");
+                               "Int4MatMul: B, scales, bias or residual does not match K, N, "
+                               "block_size, A");
   return g_api->GetTensorMutableData((OrtValue *)value, (void **)data);
 }
 
@@ -396,6 +403,7 @@ static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
   return 5; /* A, B, scales, and an optional bias and residual */
 }
 
+/* Every output of the library's ops is a float tensor, and required. */
 static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
   (void)op;
   (void)index;
@@ -444,6 +452,8 @@ void tokenshop_fill_common(OrtCustomOp *op) {
   op->version = ORT_API_VERSION;
   op->GetExecutionProviderType = op_provider;
   op->GetInputMemoryType = memory_type;
+  op->GetOutputType = output_type;
+  op->GetOutputCharacteristic = output_characteristic;
   op->GetStartVersion = start_version;
   op->GetEndVersion = end_version;
 }
@@ -453,11 +463,9 @@ static void fill_op(OrtCustomOp *op) {
   op->GetName = op_name;
   op->GetInputType = input_type;
   op->GetInputTypeCount = input_count;
-  op->GetOutputType = output_type;
   op->GetOutputTypeCount = output_count;
   op->KernelDestroy = destroy_kernel;
   op->GetInputCharacteristic = input_characteristic;
-  op->GetOutputCharacteristic = output_characteristic;
   op->CreateKernelV2 = create_kernel;
   op->KernelComputeV2 = compute;
 }

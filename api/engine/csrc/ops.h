@@ -13,8 +13,13 @@ extern const OrtApi *g_api;
     if (status_ != NULL) return status_; \
   } while (0)
 
-/* Version, execution provider (CPU), memory types and opset range (int4_matmul.c). */
+/* Version, execution provider (CPU), memory types, outputs (float, required) and opset range
+ * (int4_matmul.c). */
 void tokenshop_fill_common(OrtCustomOp *op);
+
+/* Input `index` of a kernel's node, or NULL for an optional input the node leaves out
+ * (int4_matmul.c). */
+OrtStatus *tokenshop_input(OrtKernelContext *context, size_t index, const OrtValue **value);
 
 /* CachedAttention (attention.c): its kernel and type callbacks. */
 void tokenshop_fill_attention(OrtCustomOp *op);
