@@ -167,8 +167,8 @@ def _can_edit() -> bool:
 
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
-INT4_KERNEL_TAG = "int4-kernel-v4+swiglu"
-INT8_KERNEL_TAG = "int8-kernel-v1"
+INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
+INT8_KERNEL_TAG = "int8-kernel-v2+residual"
 ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
 
 
