@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from api.engine.int4_kernel import DOMAIN, readers_of
+from api.engine.int4_kernel import DOMAIN, declare_domain, readers_of
 
 if TYPE_CHECKING:
     import onnx
@@ -78,8 +78,8 @@ def use_attention_kernel(model: onnx.ModelProto) -> int:
         graph.node.insert(list(graph.node).index(node), replacement)
         graph.node.remove(node)
         changed += 1
-    if changed and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if changed:
+        declare_domain(model)
     if changed and not any(node.op_type == "GroupQueryAttention" for node in graph.node):
         helper.set_model_props(model, {**_props(model), PADDED_PREFILL: "1"})
     return changed

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from api.engine.int4_kernel import DOMAIN, constants_of, fold_bias, fold_residual, isa_of
+from api.engine.int4_kernel import DOMAIN, constants_of, declare_domain, fold_adds, isa_of
 
 if TYPE_CHECKING:
     import onnx
@@ -65,18 +65,16 @@ def use_int8_kernel(model: onnx.ModelProto) -> int:
     """Turn every dynamically quantized projection the op covers into an `Int8MatMul`, in place;
     how many. Covered: int8 weights [K, N] with zero point 0 (the quantizer's symmetric mode), a
     per-tensor or per-column scale, K a multiple of 64, N a multiple of 8."""
-    from onnx import helper
 
     graph = model.graph
     constants = constants_of(graph)  # the biases: the edit adds none, nor changes them
     changed = 0
     for projection in _projections(graph):
         node = _replace(graph, projection, changed)
-        node = fold_bias(graph, node, constants)
-        fold_residual(graph, node, constants)
+        fold_adds(graph, node, constants)
         changed += 1
-    if changed and not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if changed:
+        declare_domain(model)
     return changed
 
 
