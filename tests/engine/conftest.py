@@ -115,14 +115,15 @@ def library() -> Path:
     return path
 
 
-@pytest.fixture(params=["default", "avx2"])
+@pytest.fixture(params=["default", "vnni", "avx2"])
 def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The op's instruction set: the CPU's best (AVX-512 VNNI where it has it), or AVX2 forced,
-    so that a VNNI machine checks both paths."""
-    if request.param == "avx2":
-        monkeypatch.setenv("TOKENSHOP_INT4_ISA", "avx2")
-    else:
+    """The op's instruction set: the CPU's best (AMX tiles where it has them, else AVX-512
+    VNNI), or a lesser one forced, so that an AMX machine checks all three paths. A set the CPU
+    lacks falls back to the best it has."""
+    if request.param == "default":
         monkeypatch.delenv("TOKENSHOP_INT4_ISA", raising=False)
+    else:
+        monkeypatch.setenv("TOKENSHOP_INT4_ISA", str(request.param))
     return str(request.param)
 
 

@@ -92,7 +92,8 @@ def int8_product(a: np.ndarray, k: int, n: int, block: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("k", "n", "block"), [(128, 40, 128), (200, 24, 64), (896, 136, 128), (520, 32, 256)]
+    ("k", "n", "block"),
+    [(128, 40, 128), (200, 24, 64), (896, 136, 128), (520, 32, 256), (256, 64, 64)],
 )
 def test_op_computes_the_int8_product_for_every_batch_size(
     library: Path, isa: str, k: int, n: int, block: int

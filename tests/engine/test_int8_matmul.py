@@ -106,7 +106,8 @@ def int8_product(a: np.ndarray, k: int, n: int, per_column: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("k", "n", "per_column"), [(128, 40, False), (896, 136, True), (192, 24, False)]
+    ("k", "n", "per_column"),
+    [(128, 40, False), (896, 136, True), (192, 24, False), (256, 64, False)],
 )
 def test_op_computes_the_int8_product_for_every_batch_size(
     library: Path, isa: str, k: int, n: int, per_column: bool

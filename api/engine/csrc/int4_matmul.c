@@ -27,15 +27,20 @@
  *           weights of each column, then the 4 odd-indexed ones (the activations' order)
  * and the scales per block as above (a per-tensor scale repeated).
  * The activations are quantized to int8 per block, as ORT's
- * accuracy_level 4 does; everything else is exact integer arithmetic. AVX-512 VNNI's vpdpbusd
- * multiplies where the CPU has it (TOKENSHOP_INT4_ISA=avx2 in the environment of the process
- * forces the AVX2 path, for tests and benchmarks), AVX2 elsewhere.
+ * accuracy_level 4 does; everything else is exact integer arithmetic. AMX tiles multiply
+ * batches of 5 rows or more where the CPU and the OS allow them (int4_amx.h), AVX-512 VNNI's
+ * vpdpbusd the rest where the CPU has it, AVX2 elsewhere; TOKENSHOP_INT4_ISA=vnni or avx2 in
+ * the environment of the process forces a lesser path, for tests and benchmarks.
  */
+#define _GNU_SOURCE /* syscall(), for AMX's permission */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "onnxruntime_c_api.h"
 #include "ops.h"
@@ -177,7 +182,8 @@ static void quantize_row(void *data, size_t row) {
 #undef TILE_PANELS_ONE_ROW
 #undef TILE_PANELS_MAX
 
-#define TILE_TARGET "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"
+#define TILE_TARGET_VNNI "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"
+#define TILE_TARGET TILE_TARGET_VNNI
 #define TILE(name) name##_vnni
 #define TILE_VNNI 1
 /* 8 rows: a batch of 8 decoding streams in one pass over the weights, each group unpacked once
@@ -193,6 +199,14 @@ static void quantize_row(void *data, size_t row) {
 #define TILE_PANELS_MAX 4
 #include "int4_tile.h"
 
+/* Fewer rows stay on VNNI: per projection (2 threads, weights in cache), AMX against VNNI at 2
+ * rows 111 / 87 us (896 x 9728), 58 / 47 (4864 x 896); about even at 4; at 6 rows 113 / 125
+ * and 64 / 74; at 8, 121 / 152 and 73 / 83. A build may set it (-D) to time one path alone. */
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 5
+#endif
+#include "int4_amx.h"
+
 /* ---- which kernel ---- */
 
 /* Whether this CPU runs the kernel: the engine asks before it edits a graph to use it. */
@@ -201,16 +215,43 @@ int tokenshop_int4_supported(void) {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-static int use_vnni(void) {
+typedef enum { ISA_AVX2, ISA_VNNI, ISA_AMX } Isa;
+
+/* Whether this process may use AMX tiles: the CPU has them, the OS saves their state (XCR0) and
+ * grants this process the right to (Linux asks each process to request it, once). */
+static int g_amx_ready;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+
+__attribute__((target("xsave"))) static void request_amx(void) {
+  enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return;
+  int tiles = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+  if (!tiles || !int8 || !((ecx >> 27) & 1)) return; /* ecx bit 27: OSXSAVE, so xgetbv runs */
+  unsigned long long xcr0 = _xgetbv(0);
+  if (((xcr0 >> 17) & 3) != 3) return;
+  g_amx_ready = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+/* The best set this CPU has, or a lesser one TOKENSHOP_INT4_ISA names (avx2, vnni), so that
+ * tests and benchmarks run every path the machine can. */
+static Isa chosen_isa(void) {
   __builtin_cpu_init();
   const char *forced = getenv("TOKENSHOP_INT4_ISA");
-  if (forced != NULL && strcmp(forced, "avx2") == 0) return 0;
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  if (forced != NULL && strcmp(forced, "avx2") == 0) return ISA_AVX2;
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")))
+    return ISA_AVX2;
+  if (forced != NULL && strcmp(forced, "vnni") == 0) return ISA_VNNI;
+  pthread_once(&g_amx_once, request_amx);
+  return g_amx_ready ? ISA_AMX : ISA_VNNI;
 }
 
 /* The instruction set a kernel made now multiplies with: the engine logs it. */
-const char *tokenshop_int4_isa(void) { return use_vnni() ? "avx512-vnni" : "avx2"; }
+const char *tokenshop_int4_isa(void) {
+  static const char *const names[] = {"avx2", "avx512-vnni", "amx"};
+  return names[chosen_isa()];
+}
 
 /* ---- ONNX Runtime plumbing ---- */
 
@@ -243,15 +284,15 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
     return g_api->CreateStatus(ORT_INVALID_ARGUMENT,
                                "Int4MatMul / Int8MatMul: needs bits=4 (Int4MatMul), block_size "
                                "64, 128 or 256, N % 8 == 0 (N % 16 with swiglu)");
-  int vnni = use_vnni();
+  Isa isa = chosen_isa();
   k.bits = bits;
-  /* VNNI multiplies unsigned weights: int4's are offset by 8, int8's flipped to offset 128.
-   * The AVX2 path multiplies int8 weights as they are (signed), so nothing to take off. */
-  k.zero_point = bits == 4 ? 8.0f : (vnni ? 128.0f : 0.0f);
-  if (bits == 4)
-    k.multiply_strip = vnni ? multiply_strip4_vnni : multiply_strip4_avx2;
-  else
-    k.multiply_strip = vnni ? multiply_strip8_vnni : multiply_strip8_avx2;
+  /* VNNI and AMX multiply unsigned weights: int4's are offset by 8, int8's flipped to offset
+   * 128. The AVX2 path multiplies int8 weights as they are (signed): nothing to take off. */
+  k.zero_point = bits == 4 ? 8.0f : (isa != ISA_AVX2 ? 128.0f : 0.0f);
+  static const StripFunction strips[2][3] = {
+      {multiply_strip4_avx2, multiply_strip4_vnni, multiply_strip4_amx},
+      {multiply_strip8_avx2, multiply_strip8_vnni, multiply_strip8_amx}};
+  k.multiply_strip = strips[bits == 8][isa];
   Int4Kernel *made = malloc(sizeof(Int4Kernel));
   if (made == NULL) return g_api->CreateStatus(ORT_FAIL, "Int4MatMul: out of memory");
   *made = k;
