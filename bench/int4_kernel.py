@@ -87,7 +87,8 @@ def main() -> int:
     parser.add_argument(
         "--isa",
         default="default",
-        help="our kernel's paths to time: default (the CPU's best), avx2, or both, comma-separated",
+        help="our kernel's paths to time, comma-separated: default (the CPU's best: AMX for 5+"
+        " rows where it has it), vnni, avx2",
     )
     args = parser.parse_args()
     missing = [p for p in args.library if not p.is_file()]
