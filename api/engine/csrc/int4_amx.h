@@ -49,27 +49,16 @@ AMX_INLINE void amx_configure(int rows) {
 }
 
 /* One chunk of 64 weights x 4 panels from `w` (the first panel's, `panel` bytes apart) into two
- * weight tiles' rows, unsigned: int4 as stored (zero point 8), int8 flipped (zero point 128). */
+ * weight tiles' rows: the vectors VNNI multiplies, stored. */
 AMX_INLINE void amx_unpack(const uint8_t *w, int64_t panel, const int bits,
                            uint8_t tiles[2][16][64]) {
-  const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-  for (int g = 0; g < 8; g++) {
-    const uint8_t *group = w + 8 * bits * g;
+  for (int g = 0; g < 8; g++)
     for (int half = 0; half < 2; half++) {
-      const uint8_t *first = group + 2 * half * panel;
       __m512i lo, hi;
-      if (bits == 4) {
-        __m512i packed = pair_of_vnni(first, first + panel);
-        lo = _mm512_and_si512(packed, low);
-        hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-      } else {
-        lo = _mm512_xor_si512(pair_of_vnni(first, first + panel), flip);
-        hi = _mm512_xor_si512(pair_of_vnni(first + 32, first + panel + 32), flip);
-      }
+      unpack_pair_vnni(w + 8 * bits * g + 2 * half * panel, panel, bits, &lo, &hi);
       _mm512_store_si512(tiles[half][2 * g], lo);
       _mm512_store_si512(tiles[half][2 * g + 1], hi);
     }
-  }
 }
 
 /* Sums `pair` (0: tiles 0, 1; 1: tiles 5, 6) += the activations at `a` (rows `stride` bytes
@@ -240,16 +229,13 @@ AMX_INLINE void amx_strip(const MatMulTask *t, int64_t p, const int groups, cons
                   .chunks = chunks,
                   .unpacked = all_rows > AMX_ROWS ? amx_buffer((size_t)chunks * 2048) : NULL};
   w.ring = w.unpacked == NULL; /* also where the buffer could not be had */
-  if (w.ring) {
+  if (w.ring)
     w.unpacked = ring;
-    for (int64_t chunk = 0; chunk < 2 && chunk < w.chunks; chunk++)
-      amx_fetch(w.b, chunk, w.panel, bits, ring + 2048 * chunk);
-  } else {
+  else
     for (int64_t chunk = 0; chunk < w.chunks; chunk++)
       amx_fetch(w.b, chunk, w.panel, bits, w.unpacked + 2048 * chunk);
-  }
   for (int64_t row0 = 0; row0 < all_rows; row0 += AMX_ROWS) {
-    if (w.ring && row0 > 0) /* the ring was spent on the rows before */
+    if (w.ring) /* the first two chunks; amx_chunk fetches the rest as it goes */
       for (int64_t chunk = 0; chunk < 2 && chunk < w.chunks; chunk++)
         amx_fetch(w.b, chunk, w.panel, bits, ring + 2048 * chunk);
     int rows = (int)(all_rows - row0 < AMX_ROWS ? all_rows - row0 : AMX_ROWS);
