@@ -148,7 +148,10 @@ class SlotBatch:
         return next(r for r, s in enumerate(self._rows) if s is seq)
 
     def _free_row(self, seq: Sequence) -> int:
-        row = next(r for r in range(len(self.seqs), len(self._rows)) if self._rows[r] is None)
+        free = (r for r in range(len(self.seqs), len(self._rows)) if self._rows[r] is None)
+        row = next(free, None)
+        if row is None:  # the scheduler admits no more than the rows: one was not given back
+            raise RuntimeError(f"all {len(self._rows)} KV rows are taken: a row leaked")
         self._rows[row] = seq
         self._lengths[row] = 0
         return row

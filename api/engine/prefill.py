@@ -76,7 +76,7 @@ def plan_prefill(pending: list[Prefill], budget: int, *, grouping: Grouping) -> 
         for candidate in pending[index + 1 :]:
             padded = max(width, candidate.remaining)
             allowed = grouping == "padded" or (grouping == "equal" and candidate.remaining == width)
-            if padded * (len(group) + 1) > budget or not allowed:
+            if padded * (len(group) + 1) > budget or not allowed or candidate.done:
                 break
             group.append(candidate)
             width = padded

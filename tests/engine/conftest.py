@@ -228,6 +228,11 @@ async def collect(engine: LocalEngine, request: GenerationRequest) -> list[Gener
     return [out async for out in engine.generate(request)]
 
 
+def token_ids(outputs: list[GenerationOutput]) -> list[int]:
+    """All the tokens a request got, over its outputs."""
+    return [t for o in outputs for t in o.token_ids]
+
+
 def greedy(request_id: str, prompt: list[int], max_tokens: int, **params: Any) -> GenerationRequest:
     return GenerationRequest(
         request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)

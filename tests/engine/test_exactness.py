@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from api.engine.protocol import GenerationOutput
-from tests.engine.conftest import TinyExport, collect, greedy, make_engine, run_steps
+from tests.engine.conftest import TinyExport, collect, greedy, make_engine, run_steps, token_ids
 
 # gemma's export has no position_ids input: it exercises the engine's unpadded-group fallback.
 ARCHITECTURES = ["llama", "qwen2", "gpt2", "phi3", "gemma"]
@@ -48,7 +48,7 @@ def top2_margins(export: TinyExport, tokens: list[int]) -> list[float]:
 
 def tokens_of(outputs: list[GenerationOutput]) -> list[int]:
     assert outputs[-1].finished
-    return [t for o in outputs for t in o.token_ids]
+    return token_ids(outputs)
 
 
 def assert_same_tokens(export: TinyExport, prompt: list[int], got: list[int], want: list[int]):

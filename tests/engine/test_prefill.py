@@ -36,6 +36,18 @@ def test_a_part_done_prompt_finishes_before_the_next_starts() -> None:
     assert shape(plan_prefill(queue, 32, grouping="padded")) == [([40], 8, True), ([3], 3, True)]
 
 
+def test_a_prompt_resumed_from_a_cached_prefix_is_never_grouped_with_whole_ones() -> None:
+    # Its cached keys sit in a row of its own: a padded group would prefill its remaining
+    # tokens into a fresh row as if they were the whole prompt.
+    queue = pending(3, 40, 5)
+    queue[1].done = 32
+    assert shape(plan_prefill(queue, 64, grouping="padded")) == [
+        ([3], 3, True),
+        ([40], 8, True),
+        ([5], 5, True),
+    ]
+
+
 def test_without_padding_only_equal_lengths_share_a_call() -> None:
     assert shape(plan_prefill(pending(4, 4, 5), 64, grouping="equal")) == [
         ([4, 4], 4, True),

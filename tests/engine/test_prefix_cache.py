@@ -13,7 +13,7 @@ import pytest
 
 from api.engine.prefix_cache import MIN_PREFIX, PrefixCache
 from api.engine.protocol import GenerationRequest
-from tests.engine.conftest import collect, greedy, make_engine
+from tests.engine.conftest import collect, greedy, make_engine, run_steps, token_ids
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +41,7 @@ async def cached_and_fresh(path: Path, *, fused: bool = True) -> AsyncIterator[t
 
 async def ids_and_cached(engine, request: GenerationRequest) -> tuple[list[int], int]:
     outputs = await collect(engine, request)
-    return [t for o in outputs for t in o.token_ids], outputs[0].cached_tokens
+    return token_ids(outputs), outputs[0].cached_tokens
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-attention", "as-exported"])
@@ -145,3 +145,29 @@ def test_a_longer_turn_replaces_the_entry_it_extends_and_a_match_leaves_a_token_
     assert hit is not None and hit.tokens == len(turn2) - 1
     assert hit.kv[0].shape == (2, len(turn2) - 1, 4) and float(hit.kv[0].max()) == 2.0
     assert cache.lookup("s", [*turn1[: MIN_PREFIX - 1], 999, 999]) is None  # too short a match
+
+
+def test_a_next_turn_arriving_with_new_prompts_answers_the_same_and_frees_its_row(
+    tiny_exports, library
+) -> None:
+    """A burst where a new conversation comes first and a next turn second, twice, in a
+    three-row batch: the next turn answers as if prefilled whole, and every row comes back.
+    (With our attention op, whole prompts of a burst share a prefill call.)"""
+    path = tiny_exports["llama"].path
+    engine = make_engine(path, int4_kernel=library, max_active_sequences=3)
+    fresh = make_engine(path, int4_kernel=library, prefix_cache_bytes=0)
+    assert engine.scheduler._batch.grouping == "padded"
+    outputs, _ = run_steps(engine, {0: [scoped(greedy("t1", FIRST_PROMPT, 10), "a")]})
+    second_prompt = [*FIRST_PROMPT, *token_ids(outputs["t1"]), *FOLLOW_UP]
+
+    for burst in range(2):
+        newcomer = scoped(greedy(f"new-{burst}", FOLLOW_UP * 2, 6), f"n{burst}")
+        next_turn = scoped(greedy(f"t2-{burst}", second_prompt, 6), "a")
+        outputs, _ = run_steps(engine, {0: [newcomer, next_turn]})
+        expected, _ = run_steps(fresh, {0: [next_turn]})
+
+        assert outputs[next_turn.request_id][0].cached_tokens > len(FIRST_PROMPT)
+        assert token_ids(outputs[next_turn.request_id]) == token_ids(expected[next_turn.request_id])
+
+    full = [greedy(f"after-{i}", FOLLOW_UP, 4) for i in range(3)]
+    assert run_steps(engine, {0: full})[1] == 3  # a leaked row would leave two

@@ -12,13 +12,17 @@ import pytest
 from api.engine.errors import ContextLengthExceeded, EngineDead, EngineOverloaded
 from api.engine.protocol import GenerationRequest, SamplingParams
 from api.engine.scheduler import END
-from tests.engine.conftest import DEMO_DIR, collect, greedy, make_engine, manual_sequence, run_steps
+from tests.engine.conftest import (
+    DEMO_DIR,
+    collect,
+    greedy,
+    make_engine,
+    manual_sequence,
+    run_steps,
+    token_ids,
+)
 
 PROMPT = [1, 355, 120, 987, 42, 7, 1500, 2, 1, 600]
-
-
-def tokens(outputs) -> list[int]:
-    return [t for o in outputs for t in o.token_ids]
 
 
 def demo_copy(tmp_path: Path, *, config: dict | None = None, generation: dict | None = None):
@@ -35,13 +39,13 @@ def demo_copy(tmp_path: Path, *, config: dict | None = None, generation: dict | 
 
 def test_generation_stops_at_any_eos_id_of_generation_config(tmp_path: Path) -> None:
     free, _ = run_steps(make_engine(DEMO_DIR), {0: [greedy("a", PROMPT, 12)]})
-    produced = tokens(free["a"])
+    produced = token_ids(free["a"])
     assert len(set(produced[:4])) == 4 or produced[3] not in produced[:3]
     engine = make_engine(demo_copy(tmp_path, generation={"eos_token_id": [9999, produced[3]]}))
 
     outputs, _ = run_steps(engine, {0: [greedy("a", PROMPT, 12)]})
 
-    assert tokens(outputs["a"]) == produced[:4]
+    assert token_ids(outputs["a"]) == produced[:4]
     assert outputs["a"][-1].finish_reason == "stop" and outputs["a"][-1].completion_tokens == 4
     text = "".join(o.text for o in outputs["a"])
     assert text == engine.tokenizer.decode(produced[:3])
@@ -80,16 +84,16 @@ def test_same_seed_gives_the_same_tokens_alone_or_in_a_batch() -> None:
         {0: [sampled("x", seed=1)], 2: [sampled("a", seed=7), greedy("g", PROMPT[:3], 30)]},
     )
     other, _ = run_steps(make_engine(DEMO_DIR), {0: [sampled("a", seed=8)]})
-    assert tokens(alone["a"]) == tokens(batched["a"])
-    assert tokens(alone["a"]) != tokens(other["a"])
+    assert token_ids(alone["a"]) == token_ids(batched["a"])
+    assert token_ids(alone["a"]) != token_ids(other["a"])
 
 
 def test_penalties_change_sampled_tokens_deterministically() -> None:
     def run():
         request = sampled("p", seed=3, presence_penalty=2.0, frequency_penalty=1.5)
-        return tokens(run_steps(make_engine(DEMO_DIR), {0: [request]})[0]["p"])
+        return token_ids(run_steps(make_engine(DEMO_DIR), {0: [request]})[0]["p"])
 
-    plain = tokens(run_steps(make_engine(DEMO_DIR), {0: [sampled("p", seed=3)]})[0]["p"])
+    plain = token_ids(run_steps(make_engine(DEMO_DIR), {0: [sampled("p", seed=3)]})[0]["p"])
     assert run() == run() != plain
 
 
