@@ -46,6 +46,7 @@ test: $(VENV)/.dev-installed $(INT4_LIBRARY)
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check api bot billing tests bench
 	$(BIN)/ruff format --check api bot billing tests bench
+	$(BIN)/mypy api billing bot
 
 demo-model: $(VENV)/.dev-installed
 	$(BIN)/python models/make_demo.py models/demo

@@ -235,7 +235,7 @@ class ChatService:
 
     async def _stream(
         self, prepared: PreparedChat, outputs: AsyncGenerator[Any], first: Any
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str]:
         """SSE events; an error after the first byte arrives as an error event before [DONE]."""
         try:
             for index in range(len(prepared.requests)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -25,7 +25,7 @@ async def merge_outputs(
     keepalive: float | None,
     deadline: float,
     on_output: Callable[[int, GenerationOutput], None] | None = None,
-) -> AsyncIterator[Item]:
+) -> AsyncGenerator[Item]:
     """Yield `(choice index, output)` as each stream produces, KEEPALIVE when idle, TIMEOUT once
     at the deadline. An error in any stream is raised here; leaving early closes every stream.
 
