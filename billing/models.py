@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, Column, Index, UniqueConstraint, text
+from sqlalchemy import BigInteger, CheckConstraint, Column, Index, Integer, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
+
+# Token amounts are 64-bit: PostgreSQL's INTEGER stops at 2,147,483,647, which a big account's
+# balance can pass (a purchase credited past it failed). SQLite's INTEGER is 64-bit already.
+TOKENS = BigInteger().with_variant(Integer(), "sqlite")
 
 
 def utcnow() -> datetime:
@@ -33,8 +37,9 @@ class Account(SQLModel, table=True):
     )
     name: str | None = Field(default=None, max_length=255)
     language: str | None = Field(default=None, max_length=16)
-    balance: int = 0  # cached sum of ledger entries; checked by `audit`
-    held: int = 0  # reserved by in-flight requests
+    # the cached sum of ledger entries; checked by `audit`
+    balance: int = Field(default=0, sa_type=TOKENS)
+    held: int = Field(default=0, sa_type=TOKENS)  # reserved by in-flight requests
     terms_accepted_at: datetime | None = None
     notice_level: str = Field(default="ok", max_length=16)  # last balance notice sent
     created_at: datetime = Field(default_factory=utcnow)
@@ -74,7 +79,7 @@ class Order(SQLModel, table=True):
     account_id: int = Field(foreign_key="account.id", index=True)
     pack_id: str = Field(max_length=64)
     pack_title: str = Field(max_length=255)
-    tokens: int
+    tokens: int = Field(sa_type=TOKENS)
     price: int
     currency: str = Field(default="XTR", max_length=8)
     created_at: datetime = Field(default_factory=utcnow)
@@ -94,13 +99,14 @@ class Purchase(SQLModel, table=True):
     provider_payment_charge_id: str | None = Field(default=None, max_length=255)
     pack_id: str = Field(max_length=64)
     pack_title: str = Field(max_length=255)
-    tokens: int
+    tokens: int = Field(sa_type=TOKENS)
     price: int
     currency: str = Field(default="XTR", max_length=8)
     created_at: datetime = Field(default_factory=utcnow)
     refunded_at: datetime | None = None
-    refunded_tokens: int = 0
-    refund_shortfall: int = 0  # tokens already spent when the refund came
+    refunded_tokens: int = Field(default=0, sa_type=TOKENS)
+    # tokens already spent when the refund came
+    refund_shortfall: int = Field(default=0, sa_type=TOKENS)
 
 
 class LedgerEntry(SQLModel, table=True):
@@ -116,12 +122,12 @@ class LedgerEntry(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="account.id", index=True)
     kind: str = Field(max_length=16)
-    amount: int  # signed: credits > 0, usage and refunds < 0
+    amount: int = Field(sa_type=TOKENS)  # signed: credits > 0, usage and refunds < 0
     purchase_id: int | None = Field(default=None, foreign_key="purchase.id")
     request_id: str | None = Field(default=None, max_length=64)
     model: str | None = Field(default=None, max_length=255)
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    prompt_tokens: int | None = Field(default=None, sa_type=TOKENS)
+    completion_tokens: int | None = Field(default=None, sa_type=TOKENS)
     note: str | None = Field(default=None, max_length=255)
     created_at: datetime = Field(default_factory=utcnow, index=True)
 
@@ -138,8 +144,8 @@ class Hold(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=64)  # the request id
     account_id: int = Field(foreign_key="account.id", index=True)
-    amount: int
-    used: int = 0  # last checkpointed usage; a crash bills this much
+    amount: int = Field(sa_type=TOKENS)
+    used: int = Field(default=0, sa_type=TOKENS)  # last checkpointed usage; a crash bills this much
     state: str = Field(default="held", max_length=16, index=True)
     model: str | None = Field(default=None, max_length=255)
     created_at: datetime = Field(default_factory=utcnow)

@@ -178,3 +178,22 @@ def test_usage_history_lists_the_latest_requests_first(session):
     session.commit()
     history = ledger.usage_history(session=session, account_id=account.id, limit=2)
     assert [entry.request_id for entry in history] == ["req-2", "req-1"]
+
+
+def test_a_balance_past_two_billion_tokens_is_credited_held_and_billed(session):
+    """A big account (32-bit integers stop at 2,147,483,647) loses no purchase and no usage."""
+    account = make_account(session, tokens=2_000_000_000)
+    make_purchase(session, account, tokens=500_000_000)
+    _hold(session, account.id, "req-big", 1, 2_400_000_000)
+    ledger.settle(
+        session=session,
+        hold_id="req-big",
+        cost=2_300_000_000,
+        prompt_tokens=10,
+        completion_tokens=5,
+    )
+    session.commit()
+
+    balance = ledger.get_balance(session=session, account_id=account.id)
+    assert (balance.balance, balance.held) == (200_000_000, 0)
+    assert ledger.audit(session=session) == []
