@@ -566,8 +566,9 @@ def make_peers(
         long_text, long_len = fit_text(first_export, plan.ttft_prompt)
         say(f"HTTP prompts: {short_len} and {long_len} tokens after the chat template")
         # Every peer prefills as many tokens as these: the template alone can exceed --prompt,
-        # and the direct engine's 24-token prompts against HTTP's 28 made HTTP look 6-8% slower
-        # at 8 streams on an AVX2 host, where prefilling a burst's prompts is a fifth of it.
+        # and with the direct engine's 24-token prompts against HTTP's 28, HTTP read 0.915 of
+        # direct at 8 int4 streams on an AVX2 host (1.034 with 28 each way), where prefilling
+        # a burst's prompts is a fifth of it.
         plan.prompt, plan.ttft_prompt = short_len, long_len
         servers = []
         for i, (precision, path) in enumerate(exports.items()):
