@@ -72,6 +72,14 @@ def isa_of(library: Path) -> str:
     return str(isa().decode())
 
 
+def huge_page_bytes(library: Path) -> int:
+    """Bytes of weights the library's ops serve from their copies on 2 MB pages, in this
+    process (`copy_weights` in csrc/int4_matmul.c)."""
+    held = ctypes.CDLL(str(library)).tokenshop_huge_page_bytes
+    held.restype = ctypes.c_size_t
+    return int(held())
+
+
 def register(options: ort.SessionOptions, library: Path) -> None:
     options.register_custom_ops_library(str(library))
 

@@ -10,6 +10,7 @@ naming the file at fault, at load time, never at the first request.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,14 +24,16 @@ import onnxruntime as ort
 from api.engine.attention_kernel import takes_left_padding, use_attention_kernel
 from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
+from api.engine.int4_kernel import huge_page_bytes, use_int4_kernel
 from api.engine.int4_kernel import register as register_int4_kernel
-from api.engine.int4_kernel import use_int4_kernel
 from api.engine.int8_matmul import runs_faster_here as int8_kernel_runs_faster
 from api.engine.int8_matmul import use_int8_kernel
 from api.engine.last_logits import EDIT_TAG, slice_last_position
 from api.engine.merged_projections import merge_projections
 from api.engine.ort_cache import open_session
 from api.engine.swiglu import fold_swiglu
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.json"
@@ -299,6 +302,9 @@ class OnnxCausalLM:
                 f"{model_file}: ONNX Runtime cannot load it (or its external data file "
                 f"{MODEL_FILE}_data): {exc}"
             ) from exc
+        if int4_kernel is not None:
+            held = huge_page_bytes(int4_kernel) / 1e6
+            log.info("%s loaded; our ops' weights on 2 MB pages, process-wide: %.0f MB", path, held)
         self.last_position_only = _last_position_only(self.session)
         self.spec = _inspect(self.session, model_file, self.config)
         self.context_length = context_length_of(self.config)

@@ -25,7 +25,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from api.engine import int4_kernel
 from api.engine import model as engine_model
-from api.engine.int4_kernel import DOMAIN, OP_TYPE, preferred_library, use_int4_kernel
+from api.engine.int4_kernel import (
+    DOMAIN,
+    OP_TYPE,
+    huge_page_bytes,
+    preferred_library,
+    use_int4_kernel,
+)
 from api.engine.ort_cache import MODEL_FILE
 from tests.engine.conftest import (
     activation_batches,
@@ -107,6 +113,27 @@ def test_op_computes_the_int8_product_for_every_batch_size(
         # ONNX Runtime's kernel rounds a rare activation the other way: 2e-3 of a row's values
         nbits = theirs.run(None, {"x": a})[0]
         np.testing.assert_allclose(got, nbits, atol=2e-3 * np.abs(want).max())
+
+
+def huge_pages_allowed() -> bool:
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return setting.is_file() and "[never]" not in setting.read_text()
+
+
+def test_large_weights_are_served_from_a_copy_on_huge_pages(library: Path, isa: str) -> None:
+    """A projection's weights of 2 MB or more are copied onto 2 MB pages when the session is
+    made (where the kernel allows huge pages), multiply as before, and go with the session."""
+    k, n, block = 4096, 1536, 128  # 3 MB of 4-bit weights
+    before = huge_page_bytes(library)
+    session = matmul_session(k, n, block, 2, library)
+    held = huge_page_bytes(library) - before
+    assert held == (k * n // 2 if huge_pages_allowed() else 0)
+    a = np.random.default_rng(11).standard_normal((9, k)).astype(np.float32)
+    a[0, 0] = 40.0
+    got, want = session.run(None, {"x": a})[0], int8_product(a, k, n, block)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    del session
+    assert huge_page_bytes(library) == before
 
 
 def test_op_takes_batched_inputs_and_empty_ones(library: Path) -> None:

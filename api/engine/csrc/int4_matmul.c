@@ -37,8 +37,10 @@
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -87,6 +89,10 @@ typedef struct {
   int64_t k, n, block, bits, swiglu;
   float zero_point;
   StripFunction multiply_strip;
+  const uint8_t *weights; /* a copy of B on huge pages, when B is a constant; else NULL */
+  size_t weights_bytes;
+  void *mapping; /* the copy's mapping, and its size */
+  size_t mapping_bytes;
 } Int4Kernel;
 
 /* ---- activations: float rows -> int8 blocks ---- */
@@ -237,6 +243,60 @@ __attribute__((target("xsave"))) static void request_amx(void) {
   g_amx_ready = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static size_t g_copied_bytes; /* weights the live kernels hold in copies (copy_weights) */
+
+/* Bytes of weights the op serves from its copies on 2 MB pages: the engine logs it. */
+size_t tokenshop_huge_page_bytes(void) { return __atomic_load_n(&g_copied_bytes, __ATOMIC_RELAXED); }
+
+/* Whether the kernel backs memory that asks for it with 2 MB pages (transparent huge pages on
+ * "always" or "madvise", not "never"). */
+static int huge_pages_allowed(void) {
+  char setting[64] = {0};
+  FILE *file = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (file == NULL) return 0;
+  size_t got = fread(setting, 1, sizeof(setting) - 1, file);
+  fclose(file);
+  return got > 0 && strstr(setting, "[never]") == NULL;
+}
+
+/* B, when the graph holds it as a constant of 2 MB or more, copied onto 2 MB pages. ONNX
+ * Runtime maps the weights from the model file in 4 KB pages, and streaming them costs a TLB
+ * miss every 4 KB and stops the hardware prefetchers at each page's end: on a Zen 4 host the
+ * engine's int4 step took 11.49 -> 11.23 ms (1 sequence) and 15.89 -> 15.33 ms (8) with the
+ * copies. The constant's own pages are handed back (MADV_PAGEOUT: file pages are dropped and
+ * read again should anything touch them; anonymous ones stay), so memory does not double. */
+static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
+  k->weights = NULL;
+  k->mapping = NULL;
+  size_t bytes = (size_t)(k->n * ((k->k + k->block - 1) / k->block) * k->block * k->bits / 8);
+  if (bytes < HUGE_PAGE || !huge_pages_allowed()) return;
+  int constant = 0;
+  const OrtValue *value = NULL;
+  void *data = NULL;
+  OrtStatus *status = g_api->KernelInfoGetConstantInput_tensor(info, 1, &constant, &value);
+  if (status == NULL && constant && value != NULL)
+    status = g_api->GetTensorMutableData((OrtValue *)value, &data);
+  if (status != NULL) g_api->ReleaseStatus(status);
+  if (data == NULL) return; /* not a constant (or unreadable): the input serves as it is */
+  size_t mapped = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE + HUGE_PAGE;
+  uint8_t *area = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (area == MAP_FAILED) return;
+  uint8_t *aligned = (uint8_t *)(((uintptr_t)area + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+  madvise(aligned, bytes, MADV_HUGEPAGE);
+  memcpy(aligned, data, bytes);
+  k->weights = aligned;
+  k->mapping = area;
+  k->mapping_bytes = mapped;
+  k->weights_bytes = bytes;
+  __atomic_add_fetch(&g_copied_bytes, bytes, __ATOMIC_RELAXED);
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t first = ((uintptr_t)data + page - 1) & ~(page - 1);
+  uintptr_t last = ((uintptr_t)data + bytes) & ~(page - 1);
+  if (last > first) madvise((void *)first, last - first, MADV_PAGEOUT);
+}
+
 /* The best set this CPU has, or a lesser one TOKENSHOP_INT4_ISA names (avx2, vnni), so that
  * tests and benchmarks run every path the machine can. */
 static Isa chosen_isa(void) {
@@ -297,6 +357,7 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
       {multiply_strip4_avx2, multiply_strip4_vnni, multiply_strip4_amx},
       {multiply_strip8_avx2, multiply_strip8_vnni, multiply_strip8_amx}};
   k.multiply_strip = strips[bits == 8][isa];
+  copy_weights(info, &k);
   Int4Kernel *made = malloc(sizeof(Int4Kernel));
   if (made == NULL) return g_api->CreateStatus(ORT_FAIL, "Int4MatMul: out of memory");
   *made = k;
@@ -385,6 +446,7 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   RETURN_IF_ERROR(input_data(context, 0, rows * k->k, (const void **)&a));
   RETURN_IF_ERROR(
       input_data(context, 1, k->n * blocks * k->block * k->bits / 8, (const void **)&b));
+  if (k->weights != NULL) b = k->weights;
   RETURN_IF_ERROR(input_data(context, 2, k->n * blocks, (const void **)&scales));
   const float *bias, *residual;
   RETURN_IF_ERROR(input_data(context, 3, k->n, (const void **)&bias));
@@ -427,7 +489,14 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
   return compute_checked(kernel, context);
 }
 
-static void ORT_API_CALL destroy_kernel(void *kernel) { free(kernel); }
+static void ORT_API_CALL destroy_kernel(void *kernel) {
+  Int4Kernel *k = kernel;
+  if (k->mapping != NULL) {
+    munmap(k->mapping, k->mapping_bytes);
+    __atomic_sub_fetch(&g_copied_bytes, k->weights_bytes, __ATOMIC_RELAXED);
+  }
+  free(kernel);
+}
 
 static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
   return op == &g_op8 ? "Int8MatMul" : "Int4MatMul";
