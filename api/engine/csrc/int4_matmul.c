@@ -248,7 +248,9 @@ __attribute__((target("xsave"))) static void request_amx(void) {
 static size_t g_copied_bytes; /* weights the live kernels hold in copies (copy_weights) */
 
 /* Bytes of weights the op serves from its copies on 2 MB pages: the engine logs it. */
-size_t tokenshop_huge_page_bytes(void) { return __atomic_load_n(&g_copied_bytes, __ATOMIC_RELAXED); }
+size_t tokenshop_huge_page_bytes(void) {
+  return __atomic_load_n(&g_copied_bytes, __ATOMIC_RELAXED);
+}
 
 /* Whether the kernel backs memory that asks for it with 2 MB pages (transparent huge pages on
  * "always" or "madvise", not "never"). */
@@ -261,25 +263,39 @@ static int huge_pages_allowed(void) {
   return got > 0 && strstr(setting, "[never]") == NULL;
 }
 
+/* Input `index`'s data when the graph holds it as a constant of `elements` elements; else NULL
+ * (a constant of another size is refused by compute, before anything reads it). */
+static const void *constant_input(const OrtKernelInfo *info, size_t index, size_t elements) {
+  int constant = 0;
+  const OrtValue *value = NULL;
+  OrtTensorTypeAndShapeInfo *shape = NULL;
+  size_t count = 0;
+  void *data = NULL;
+  OrtStatus *status = g_api->KernelInfoGetConstantInput_tensor(info, index, &constant, &value);
+  if (status == NULL && constant && value != NULL)
+    status = g_api->GetTensorTypeAndShape(value, &shape);
+  if (status == NULL && shape != NULL) status = g_api->GetTensorShapeElementCount(shape, &count);
+  if (shape != NULL) g_api->ReleaseTensorTypeAndShapeInfo(shape);
+  if (status == NULL && shape != NULL && count == elements)
+    status = g_api->GetTensorMutableData((OrtValue *)value, &data);
+  if (status != NULL) g_api->ReleaseStatus(status);
+  return data;
+}
+
 /* B, when the graph holds it as a constant of 2 MB or more, copied onto 2 MB pages. ONNX
  * Runtime maps the weights from the model file in 4 KB pages, and streaming them costs a TLB
  * miss every 4 KB and stops the hardware prefetchers at each page's end: on a Zen 4 host the
- * engine's int4 step took 11.49 -> 11.23 ms (1 sequence) and 15.89 -> 15.33 ms (8) with the
- * copies. The constant's own pages are handed back (MADV_PAGEOUT: file pages are dropped and
- * read again should anything touch them; anonymous ones stay), so memory does not double. */
+ * engine's int4 step took 11.96 -> 11.46 ms (1 sequence) and 16.17 -> 15.51 ms (8) with the
+ * copies (bench/context.py, 11 interleaved segments). The constant's own pages are handed back
+ * (MADV_PAGEOUT: file pages are dropped, and read again should anything touch them; anonymous
+ * ones stay), so memory does not double. */
 static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
   k->weights = NULL;
   k->mapping = NULL;
   size_t bytes = (size_t)(k->n * ((k->k + k->block - 1) / k->block) * k->block * k->bits / 8);
   if (bytes < HUGE_PAGE || !huge_pages_allowed()) return;
-  int constant = 0;
-  const OrtValue *value = NULL;
-  void *data = NULL;
-  OrtStatus *status = g_api->KernelInfoGetConstantInput_tensor(info, 1, &constant, &value);
-  if (status == NULL && constant && value != NULL)
-    status = g_api->GetTensorMutableData((OrtValue *)value, &data);
-  if (status != NULL) g_api->ReleaseStatus(status);
-  if (data == NULL) return; /* not a constant (or unreadable): the input serves as it is */
+  const void *data = constant_input(info, 1, bytes);
+  if (data == NULL) return; /* not a constant: the input serves as it is */
   size_t mapped = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE + HUGE_PAGE;
   uint8_t *area = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (area == MAP_FAILED) return;
