@@ -87,9 +87,12 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
 
 
 async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
-    from api.engine.int4_kernel import preferred_library
+    from api.engine.int4_kernel import preferred_library, use_huge_pages
     from api.engine.registry import EngineConfig, load_engines
 
+    library = preferred_library() if settings.engine_int4_kernel else None
+    if library is not None:
+        use_huge_pages(library, settings.engine_huge_pages)
     config = EngineConfig(
         max_active_sequences=settings.max_active_sequences,
         max_queued=settings.max_queued,
@@ -98,7 +101,7 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         cache_dir=_engine_cache_dir(settings.engine_cache_dir),
         fused_attention=settings.engine_fused_attention,
         prefix_cache_mb=settings.engine_prefix_cache_mb,
-        int4_kernel=preferred_library() if settings.engine_int4_kernel else None,
+        int4_kernel=library,
     )
     return await to_thread.run_sync(load_engines, settings.models, config)
 

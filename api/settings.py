@@ -40,6 +40,10 @@ class ApiSettings(BillingSettings):
     # Run int4 projections with our kernel where it is built and this CPU is one it was made
     # for (api/engine/int4_kernel.py); false keeps ONNX Runtime's MatMulNBits everywhere.
     engine_int4_kernel: bool = True
+    # Serve our ops' weights from copies on 2 MB pages (api/engine/csrc/int4_matmul.c): faster
+    # decoding, but each process holds its own copy where processes on one host would share the
+    # model file's pages; false shares them.
+    engine_huge_pages: bool = True
 
     @field_validator("model_prices")
     @classmethod

@@ -80,6 +80,12 @@ def huge_page_bytes(library: Path) -> int:
     return int(held())
 
 
+def use_huge_pages(library: Path, on: bool) -> None:
+    """Whether the library's ops made from now on, in this process, copy their weights onto
+    2 MB pages (the default) or serve them from the file's pages, which processes share."""
+    ctypes.CDLL(str(library)).tokenshop_use_huge_pages(ctypes.c_int(on))
+
+
 def register(options: ort.SessionOptions, library: Path) -> None:
     options.register_custom_ops_library(str(library))
 

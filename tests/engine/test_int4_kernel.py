@@ -30,6 +30,7 @@ from api.engine.int4_kernel import (
     OP_TYPE,
     huge_page_bytes,
     preferred_library,
+    use_huge_pages,
     use_int4_kernel,
 )
 from api.engine.ort_cache import MODEL_FILE
@@ -120,14 +121,22 @@ def huge_pages_allowed() -> bool:
     return setting.is_file() and "[never]" not in setting.read_text()
 
 
-def test_large_weights_are_served_from_a_copy_on_huge_pages(library: Path, isa: str) -> None:
+@pytest.mark.parametrize("on", [True, False])
+def test_large_weights_are_served_from_a_copy_on_huge_pages(
+    library: Path, isa: str, on: bool
+) -> None:
     """A projection's weights of 2 MB or more are copied onto 2 MB pages when the session is
-    made (where the kernel allows huge pages), multiply as before, and go with the session."""
+    made (where the kernel allows huge pages, and unless the engine turned it off), multiply as
+    before, and go with the session."""
     k, n, block = 4096, 1536, 128  # 3 MB of 4-bit weights
     before = huge_page_bytes(library)
-    session = matmul_session(k, n, block, 2, library)
+    use_huge_pages(library, on)
+    try:
+        session = matmul_session(k, n, block, 2, library)
+    finally:
+        use_huge_pages(library, True)
     held = huge_page_bytes(library) - before
-    assert held == (k * n // 2 if huge_pages_allowed() else 0)
+    assert held == (k * n // 2 if on and huge_pages_allowed() else 0)
     a = np.random.default_rng(11).standard_normal((9, k)).astype(np.float32)
     a[0, 0] = 40.0
     got, want = session.run(None, {"x": a})[0], int8_product(a, k, n, block)

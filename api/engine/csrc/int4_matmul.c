@@ -246,6 +246,12 @@ __attribute__((target("xsave"))) static void request_amx(void) {
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static size_t g_copied_bytes; /* weights the live kernels hold in copies (copy_weights) */
+static int g_huge_pages = 1;  /* whether kernels made from now on copy their weights */
+
+/* Whether kernels made from now on serve their weights from copies on 2 MB pages (on by
+ * default). Off, several processes serving one model share its file's pages in the page cache,
+ * where each would hold a copy of its own: the engine's ENGINE_HUGE_PAGES setting. */
+void tokenshop_use_huge_pages(int on) { __atomic_store_n(&g_huge_pages, on, __ATOMIC_RELAXED); }
 
 /* Bytes of weights the op serves from its copies on 2 MB pages: the engine logs it. */
 size_t tokenshop_huge_page_bytes(void) {
@@ -293,7 +299,8 @@ static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
   k->weights = NULL;
   k->mapping = NULL;
   size_t bytes = (size_t)(k->n * ((k->k + k->block - 1) / k->block) * k->block * k->bits / 8);
-  if (bytes < HUGE_PAGE || !huge_pages_allowed()) return;
+  if (bytes < HUGE_PAGE || !__atomic_load_n(&g_huge_pages, __ATOMIC_RELAXED)) return;
+  if (!huge_pages_allowed()) return;
   const void *data = constant_input(info, 1, bytes);
   if (data == NULL) return; /* not a constant: the input serves as it is */
   size_t mapped = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE + HUGE_PAGE;
