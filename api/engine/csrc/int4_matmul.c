@@ -288,13 +288,26 @@ static const void *constant_input(const OrtKernelInfo *info, size_t index, size_
   return data;
 }
 
+/* The whole pages of [data, data + bytes) handed back to the kernel: file pages are dropped (and
+ * read again should anything touch them), anonymous ones stay where there is no swap. */
+static void give_back(const void *data, size_t bytes) {
+#ifdef MADV_PAGEOUT /* Linux 5.4 and later */
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t first = ((uintptr_t)data + page - 1) & ~(page - 1);
+  uintptr_t last = ((uintptr_t)data + bytes) & ~(page - 1);
+  if (last > first) madvise((void *)first, last - first, MADV_PAGEOUT);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 /* B, when the graph holds it as a constant of 2 MB or more, copied onto 2 MB pages. ONNX
  * Runtime maps the weights from the model file in 4 KB pages, and streaming them costs a TLB
  * miss every 4 KB and stops the hardware prefetchers at each page's end: on a Zen 4 host the
  * engine's int4 step took 11.96 -> 11.46 ms (1 sequence) and 16.17 -> 15.51 ms (8) with the
  * copies (bench/context.py, 11 interleaved segments). The constant's own pages are handed back
- * (MADV_PAGEOUT: file pages are dropped, and read again should anything touch them; anonymous
- * ones stay), so memory does not double. */
+ * (give_back), so memory does not double. */
 static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
   k->weights = NULL;
   k->mapping = NULL;
@@ -314,10 +327,7 @@ static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
   k->mapping_bytes = mapped;
   k->weights_bytes = bytes;
   __atomic_add_fetch(&g_copied_bytes, bytes, __ATOMIC_RELAXED);
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  uintptr_t first = ((uintptr_t)data + page - 1) & ~(page - 1);
-  uintptr_t last = ((uintptr_t)data + bytes) & ~(page - 1);
-  if (last > first) madvise((void *)first, last - first, MADV_PAGEOUT);
+  give_back(data, bytes);
 }
 
 /* The best set this CPU has, or a lesser one TOKENSHOP_INT4_ISA names (avx2, vnni), so that
