@@ -90,8 +90,7 @@ typedef struct {
   float zero_point;
   StripFunction multiply_strip;
   const uint8_t *weights; /* a copy of B on huge pages, when B is a constant; else NULL */
-  size_t weights_bytes;
-  void *mapping; /* the copy's mapping, and its size */
+  void *mapping;          /* the copy's mapping, and its size */
   size_t mapping_bytes;
 } Int4Kernel;
 
@@ -245,6 +244,11 @@ __attribute__((target("xsave"))) static void request_amx(void) {
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
+/* B's bytes: N columns of K rounded up to the block, `bits` each. */
+static size_t weight_bytes(const Int4Kernel *k) {
+  return (size_t)(k->n * ((k->k + k->block - 1) / k->block) * k->block * k->bits / 8);
+}
+
 static size_t g_copied_bytes; /* weights the live kernels hold in copies (copy_weights) */
 static int g_huge_pages = 1;  /* whether kernels made from now on copy their weights */
 
@@ -311,7 +315,7 @@ static void give_back(const void *data, size_t bytes) {
 static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
   k->weights = NULL;
   k->mapping = NULL;
-  size_t bytes = (size_t)(k->n * ((k->k + k->block - 1) / k->block) * k->block * k->bits / 8);
+  size_t bytes = weight_bytes(k);
   if (bytes < HUGE_PAGE || !__atomic_load_n(&g_huge_pages, __ATOMIC_RELAXED)) return;
   if (!huge_pages_allowed()) return;
   const void *data = constant_input(info, 1, bytes);
@@ -325,7 +329,6 @@ static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
   k->weights = aligned;
   k->mapping = area;
   k->mapping_bytes = mapped;
-  k->weights_bytes = bytes;
   __atomic_add_fetch(&g_copied_bytes, bytes, __ATOMIC_RELAXED);
   give_back(data, bytes);
 }
@@ -477,8 +480,7 @@ static OrtStatus *compute_checked(const Int4Kernel *k, OrtKernelContext *context
   const float *scales;
   int64_t blocks = (k->k + k->block - 1) / k->block;
   RETURN_IF_ERROR(input_data(context, 0, rows * k->k, (const void **)&a));
-  RETURN_IF_ERROR(
-      input_data(context, 1, k->n * blocks * k->block * k->bits / 8, (const void **)&b));
+  RETURN_IF_ERROR(input_data(context, 1, (int64_t)weight_bytes(k), (const void **)&b));
   if (k->weights != NULL) b = k->weights;
   RETURN_IF_ERROR(input_data(context, 2, k->n * blocks, (const void **)&scales));
   const float *bias, *residual;
@@ -526,7 +528,7 @@ static void ORT_API_CALL destroy_kernel(void *kernel) {
   Int4Kernel *k = kernel;
   if (k->mapping != NULL) {
     munmap(k->mapping, k->mapping_bytes);
-    __atomic_sub_fetch(&g_copied_bytes, k->weights_bytes, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&g_copied_bytes, weight_bytes(k), __ATOMIC_RELAXED);
   }
   free(kernel);
 }
