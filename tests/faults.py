@@ -283,6 +283,37 @@ class RefusingEngine(DelegatingEngine):
         return self.inner.generate(request)
 
 
+class GatedEngine(DelegatingEngine):
+    """Lets the first `let_through` outputs of each request pass, then holds the rest back until
+    `gate` opens: to the serving layer the request is alive and has nothing more to show, as when
+    it waits behind a full batch."""
+
+    def __init__(self, inner: EngineClient, let_through: int = 0) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+        self.let_through = let_through
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        return self._gated(self.inner.generate(request))
+
+    async def _gated(
+        self, stream: AsyncIterator[GenerationOutput]
+    ) -> AsyncIterator[GenerationOutput]:
+        passed = 0
+        try:
+            while True:
+                while passed >= self.let_through and not self.gate.is_set():
+                    await asyncio.sleep(0.01)
+                try:
+                    output = await anext(stream)
+                except StopAsyncIteration:
+                    return
+                passed += 1
+                yield output
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
 def demo_engine(path: str, **config: Any) -> EngineClient:
     """The demo model loaded as the server would (`MODELS`), with engine limits changed."""
     from api.engine.registry import EngineConfig, load_engines

@@ -9,14 +9,13 @@ no shutdown hook. Holds expire `HOLD_TTL_SECONDS` after their last checkpoint; t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -25,13 +24,12 @@ import httpx
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
-from api.engine.protocol import EngineClient, GenerationOutput, GenerationRequest
 from billing.db import reading
 from billing.models import Hold, LedgerEntry, utcnow
 from tests.api.conftest import DEMO_MODEL, ROOT, free_port
 from tests.conftest import TEST_SECRET_KEY
 from tests.factories import make_account, make_key, make_purchase
-from tests.faults import DelegatingEngine, demo_engine, poll
+from tests.faults import GatedEngine, demo_engine, poll
 
 STREAMS = 3
 PROMPT = [{"role": "user", "content": "Tell me a long story."}]
@@ -217,29 +215,6 @@ def purchases(rows: list[LedgerEntry]) -> list[tuple[int | None, int, int | None
 
 def _naive(moment: datetime) -> datetime:
     return moment.replace(tzinfo=None)
-
-
-class GatedEngine(DelegatingEngine):
-    """Holds every output back until `gate` opens: to the serving layer the request is alive
-    and has nothing to show, as when it waits behind a full batch."""
-
-    def __init__(self, inner: EngineClient) -> None:
-        super().__init__(inner)
-        self.gate = threading.Event()
-
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        return self._gated(self.inner.generate(request))
-
-    async def _gated(
-        self, stream: AsyncIterator[GenerationOutput]
-    ) -> AsyncIterator[GenerationOutput]:
-        try:
-            while not self.gate.is_set():
-                await asyncio.sleep(0.01)
-            async for output in stream:
-                yield output
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
 
 
 def test_the_sweeper_leaves_a_live_request_alone_however_long_it_waits(

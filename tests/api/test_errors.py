@@ -8,7 +8,9 @@ import pytest
 
 from billing import keys
 from billing.db import session_scope
+from tests.api.conftest import DEMO_MODEL
 from tests.factories import make_account, make_key
+from tests.faults import GatedEngine, demo_engine
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -150,15 +152,19 @@ def test_an_empty_balance_is_insufficient_quota_and_not_retried(
 
 
 def test_too_many_concurrent_requests_per_key_are_rate_limited(make_client, start_server, api_key):
-    server = start_server(max_concurrent_per_key=1)
+    """The first request is held after its first token, so it is surely still in flight when
+    the second arrives: the demo model could otherwise finish it into the socket's buffers."""
+    held = GatedEngine(demo_engine(str(DEMO_MODEL)), let_through=1)
+    server = start_server(engines={"demo": held}, max_concurrent_per_key=1)
     client = make_client(server, api_key)
     stream = client.chat.completions.create(
-        model="demo", messages=HELLO, max_tokens=200, stream=True
+        model="demo", messages=HELLO, max_tokens=20, stream=True
     )
     next(iter(stream))  # the first request is generating
     with pytest.raises(openai.RateLimitError) as limited:
         client.chat.completions.create(model="demo", messages=HELLO, max_tokens=1)
-    stream.close()
+    held.gate.set()
+    assert sum(1 for _ in stream) > 0  # the first request is served to its end
     assert limited.value.code == "rate_limit_exceeded"
     assert limited.value.response.headers["retry-after"] == "1"
 
