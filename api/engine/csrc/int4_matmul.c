@@ -177,8 +177,8 @@ static void quantize_row(void *data, size_t row) {
 /* 4 rows x 2 panels: each group unpacked once for 4 rows. Against 2 x 2, on a 2-core AVX2-only
  * host (AMD EPYC, Zen 3; engine int4 step, 15 interleaved segments, two runs): 8 rows 43.60 ->
  * 39.64 and 46.52 -> 41.16 ms, 1 row the same (its tile is 1 x TILE_PANELS_ONE_ROW). 6 or 8
- * rows were slower: the 16 ymm registers spill. Its int4 case keeps int16 sums over 4 groups
- * (TILE(tile4x2_int4)). */
+ * rows were slower: the 16 ymm registers spill. Its int4 tiles keep int16 sums over 4 groups
+ * (TILE(tile_int16)). */
 #define TILE_ROWS 4
 #define TILE_PANELS 2
 #define TILE_PANELS_ONE_ROW 4

@@ -287,81 +287,81 @@ TILE_INLINE void TILE(tile_pairs)(const MatMulTask *t, int64_t row0, const int r
 #endif
 
 #if !TILE_VNNI
-/* TILE(tile) for AVX2's int4 tile, 4 rows x 2 panels, with int16 sums: a group adds at most
- * 2 x 2 x 15 x 127 = 7620 to a lane, so 4 groups fit an int16 and are widened (`vpmaddwd`) once,
- * not each: 18 multiplies per group instead of 24, on the two pipes that run them. The 8 int16
- * sums, the group's 4 weight vectors and one row's 2 broadcasts fill the 16 registers; the int32
- * sums, touched once every 4 groups, live on the stack. The empty asm pins each row's sums in
- * their registers: without it GCC reassociated 4 groups' adds into a tree, computed all 32
- * products first and spilled them (8 sequences 33.30 -> 35.48 ms, slower than before). With it,
- * on a 2-core Zen 3 (AVX2 only), engine int4 step, 11 interleaved segments, two runs: 8
+/* TILE(tile) for AVX2's int4 tiles (up to 4 rows, up to 8 rows x panels), with int16 sums: a
+ * group adds at most 2 x 2 x 15 x 127 = 7620 to a lane, so 4 groups fit an int16 and are widened
+ * (`vpmaddwd`) once, not each: 4 rows x 2 panels take 18 multiplies per group instead of 24, on
+ * the two pipes that run them. Its 8 int16 sums, the group's 4 weight vectors and one row's 2
+ * broadcasts fill the 16 registers (1 x 4: 4 sums, 8 vectors); the int32 sums, touched once
+ * every 4 groups, live on the stack. The empty asm pins the sums in their registers: without it
+ * GCC reassociated 4 groups' adds into a tree, computed all 32 products first and spilled them
+ * (8 sequences 33.30 -> 35.48 ms, slower than before). With it, on a 2-core Zen 3 (AVX2 only),
+ * a 4 x 2 version of this function, engine int4 step, 11 interleaved segments, two runs: 8
  * sequences 38.19 -> 31.43 and 29.65 -> 26.58 ms, 1 sequence within noise; per call (2 threads),
- * 896 x 9728 gate+up at 8 rows 474 -> 359 us, at 224 rows 11.8 -> 10.1 ms. */
-TILE_INLINE void TILE(tile4x2_int4)(const MatMulTask *t, int64_t row0, const int groups,
-                                    const uint8_t *b, const float *bscale, const float *bias,
-                                    float *y) {
+ * 896 x 9728 gate+up at 8 rows 474 -> 359 us, at 224 rows 11.8 -> 10.1 ms. Made general (this
+ * one, the groups unrolled: without it 8 rows took 13% longer), per call against that version:
+ * gate+up at 1 row 156 -> 115 us, 3 rows 198 -> 168, 8 rows 356 / 361 and 534 / 452 (the host
+ * drifting); the engine's step at 1 and 8 sequences within noise (13.27 / 13.45, 26.96 /
+ * 25.66 ms). */
+TILE_INLINE void TILE(tile_int16)(const MatMulTask *t, int64_t row0, const int rows,
+                                  const int panels, const int groups, const uint8_t *b,
+                                  const float *bscale, const float *bias, float *y) {
   const QuantizedRows *r = t->rows;
   const int64_t block = r->block, panel = t->panel_bytes;
   const int8_t *qa = r->q + row0 * block;
   const float *sa = r->scales + row0, *corrections = r->corrections + row0;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[8];
-  for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+  __m256 acc[4][4];
+  for (int m = 0; m < rows; m++)
+    for (int c = 0; c < panels; c++) acc[m][c] = _mm256_setzero_ps();
   for (int64_t blk = 0; blk < r->blocks; blk++) {
-    __m256i dot[8];
-    for (int i = 0; i < 8; i++) dot[i] = _mm256_setzero_si256();
+    __m256i dot[4][4];
+    for (int m = 0; m < rows; m++)
+      for (int c = 0; c < panels; c++) dot[m][c] = _mm256_setzero_si256();
     const uint8_t *bb = b + blk * block * 4;
     for (int g0 = 0; g0 < groups; g0 += 4) {
-      __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00,
-              s21 = s00, s30 = s00, s31 = s00;
+      __m256i s16[4][4];
+      for (int m = 0; m < rows; m++)
+        for (int c = 0; c < panels; c++) s16[m][c] = _mm256_setzero_si256();
+#pragma GCC unroll 4
       for (int g = g0; g < g0 + 4; g++) {
         if ((g & 1) == 0) /* the next tile's panels, as TILE(tile) explains */
-          for (int c = 0; c < 2; c++)
-            _mm_prefetch((const char *)(bb + (c + 2) * panel + 32 * g), _MM_HINT_T1);
-        const __m256i packed0 = _mm256_loadu_si256((const __m256i *)(bb + 32 * g));
-        const __m256i packed1 = _mm256_loadu_si256((const __m256i *)(bb + panel + 32 * g));
-        const __m256i lo0 = _mm256_and_si256(packed0, low);
-        const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(packed0, 4), low);
-        const __m256i lo1 = _mm256_and_si256(packed1, low);
-        const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(packed1, 4), low);
-        const int8_t *a = qa + 8 * g;
-#define TILE4X2_ROW(m)                                                                  \
-  {                                                                                     \
-    int32_t even, odd;                                                                  \
-    memcpy(&even, a + (m) * block, 4);                                                  \
-    memcpy(&odd, a + (m) * block + 4, 4);                                               \
-    const __m256i e = _mm256_set1_epi32(even), o = _mm256_set1_epi32(odd);              \
-    s##m##0 = _mm256_add_epi16(s##m##0, _mm256_maddubs_epi16(lo0, e));                  \
-    s##m##0 = _mm256_add_epi16(s##m##0, _mm256_maddubs_epi16(hi0, o));                  \
-    s##m##1 = _mm256_add_epi16(s##m##1, _mm256_maddubs_epi16(lo1, e));                  \
-    s##m##1 = _mm256_add_epi16(s##m##1, _mm256_maddubs_epi16(hi1, o));                  \
-    __asm__("" : "+x"(s##m##0), "+x"(s##m##1));                                         \
-  }
-        TILE4X2_ROW(0) TILE4X2_ROW(1) TILE4X2_ROW(2) TILE4X2_ROW(3)
-#undef TILE4X2_ROW
+          for (int c = 0; c < panels; c++)
+            _mm_prefetch((const char *)(bb + (c + panels) * panel + 32 * g), _MM_HINT_T1);
+        __m256i lo[4], hi[4];
+        for (int c = 0; c < panels; c++) {
+          const __m256i packed = _mm256_loadu_si256((const __m256i *)(bb + c * panel + 32 * g));
+          lo[c] = _mm256_and_si256(packed, low);
+          hi[c] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        }
+        for (int m = 0; m < rows; m++) {
+          int32_t even, odd;
+          memcpy(&even, qa + m * block + 8 * g, 4);
+          memcpy(&odd, qa + m * block + 8 * g + 4, 4);
+          const __m256i e = _mm256_set1_epi32(even), o = _mm256_set1_epi32(odd);
+          for (int c = 0; c < panels; c++) {
+            s16[m][c] = _mm256_add_epi16(s16[m][c], _mm256_maddubs_epi16(lo[c], e));
+            s16[m][c] = _mm256_add_epi16(s16[m][c], _mm256_maddubs_epi16(hi[c], o));
+            __asm__("" : "+x"(s16[m][c]));
+          }
+        }
       }
-      dot[0] = _mm256_add_epi32(dot[0], _mm256_madd_epi16(s00, ones));
-      dot[1] = _mm256_add_epi32(dot[1], _mm256_madd_epi16(s01, ones));
-      dot[2] = _mm256_add_epi32(dot[2], _mm256_madd_epi16(s10, ones));
-      dot[3] = _mm256_add_epi32(dot[3], _mm256_madd_epi16(s11, ones));
-      dot[4] = _mm256_add_epi32(dot[4], _mm256_madd_epi16(s20, ones));
-      dot[5] = _mm256_add_epi32(dot[5], _mm256_madd_epi16(s21, ones));
-      dot[6] = _mm256_add_epi32(dot[6], _mm256_madd_epi16(s30, ones));
-      dot[7] = _mm256_add_epi32(dot[7], _mm256_madd_epi16(s31, ones));
+      for (int m = 0; m < rows; m++)
+        for (int c = 0; c < panels; c++)
+          dot[m][c] = _mm256_add_epi32(dot[m][c], _mm256_madd_epi16(s16[m][c], ones));
     }
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < panels; c++) {
       const __m256 sb = _mm256_loadu_ps(bscale + c * t->panel_scales + blk * 8);
-      for (int m = 0; m < 4; m++) {
-        __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(dot[2 * m + c]), _mm256_broadcast_ss(sa + m),
+      for (int m = 0; m < rows; m++) {
+        __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(dot[m][c]), _mm256_broadcast_ss(sa + m),
                                    _mm256_broadcast_ss(corrections + m));
-        acc[2 * m + c] = _mm256_fmadd_ps(v, sb, acc[2 * m + c]);
+        acc[m][c] = _mm256_fmadd_ps(v, sb, acc[m][c]);
       }
     }
     qa += r->rows * block;
     sa += r->rows;
     corrections += r->rows;
   }
-  TILE(store)(t, 4, 2, acc, 2, bias, y);
+  TILE(store)(t, rows, panels, &acc[0][0], 4, bias, y);
 }
 #endif
 
@@ -378,8 +378,8 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
     return;
   }
 #else
-  if (rows == 4 && panels == 2 && bits == 4) {
-    TILE(tile4x2_int4)(t, row0, groups, b, bscale, bias, y);
+  if (bits == 4 && rows <= 4 && rows * panels <= 8) {
+    TILE(tile_int16)(t, row0, rows, panels, groups, b, bscale, bias, y);
     return;
   }
 #endif
