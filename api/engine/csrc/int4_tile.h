@@ -93,6 +93,23 @@ TILE_INLINE void TILE(store)(const MatMulTask *t, const int rows, const int pane
   }
 }
 
+/* A block's integer sums into a tile's float sums (row m's at [m * stride]): acc += sb * (sa *
+ * dot - sa * zero point * sum(qa)), the zero point's share taken off per block. `bscale` is the
+ * block's first scales of the tile's first panel. */
+TILE_INLINE void TILE(add_block)(const MatMulTask *t, const int rows, const int panels,
+                                 const __m256i *dot, __m256 *acc, const int stride,
+                                 const float *sa, const float *corrections,
+                                 const float *bscale) {
+  for (int c = 0; c < panels; c++) {
+    const __m256 sb = _mm256_loadu_ps(bscale + c * t->panel_scales);
+    for (int m = 0; m < rows; m++) {
+      __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(dot[m * stride + c]),
+                                 _mm256_broadcast_ss(sa + m), _mm256_broadcast_ss(corrections + m));
+      acc[m * stride + c] = _mm256_fmadd_ps(v, sb, acc[m * stride + c]);
+    }
+  }
+}
+
 #if TILE_VNNI
 /* Y for a tile of `rows` x `pairs` sums (row m's at acc[m * stride]): SwiGLU, bias, residual. */
 TILE_INLINE void TILE(store_pairs)(const MatMulTask *t, const int rows, const int pairs,
@@ -349,14 +366,7 @@ TILE_INLINE void TILE(tile_int16)(const MatMulTask *t, int64_t row0, const int r
         for (int c = 0; c < panels; c++)
           dot[m][c] = _mm256_add_epi32(dot[m][c], _mm256_madd_epi16(s16[m][c], ones));
     }
-    for (int c = 0; c < panels; c++) {
-      const __m256 sb = _mm256_loadu_ps(bscale + c * t->panel_scales + blk * 8);
-      for (int m = 0; m < rows; m++) {
-        __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(dot[m][c]), _mm256_broadcast_ss(sa + m),
-                                   _mm256_broadcast_ss(corrections + m));
-        acc[m][c] = _mm256_fmadd_ps(v, sb, acc[m][c]);
-      }
-    }
+    TILE(add_block)(t, rows, panels, &dot[0][0], &acc[0][0], 4, sa, corrections, bscale + blk * 8);
     qa += r->rows * block;
     sa += r->rows;
     corrections += r->rows;
@@ -423,15 +433,8 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
         }
       }
     }
-    /* sb * (sa * dot - sa * zero point * sum(qa)): the zero point's share taken off per block */
-    for (int c = 0; c < panels; c++) {
-      const __m256 sb = _mm256_loadu_ps(bscale + c * t->panel_scales + blk * 8);
-      for (int m = 0; m < rows; m++) {
-        __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(dot[m][c]), _mm256_broadcast_ss(sa + m),
-                                   _mm256_broadcast_ss(corrections + m));
-        acc[m][c] = _mm256_fmadd_ps(v, sb, acc[m][c]);
-      }
-    }
+    TILE(add_block)(t, rows, panels, &dot[0][0], &acc[0][0], TILE_PANELS_MAX, sa, corrections,
+                    bscale + blk * 8);
     qa += r->rows * block;
     sa += r->rows;
     corrections += r->rows;
