@@ -15,22 +15,18 @@
 
 #define TILE_INLINE __attribute__((target(TILE_TARGET), always_inline)) static inline
 
-/* dot's lanes (one per column) += the products of 8 weights per column (`lo`: the even ones,
- * `hi`: the odd ones; unsigned, at most 15 on the AVX2 path) with the row's 8 activations at
- * `a` (4 even, then 4 odd). */
+#if TILE_VNNI
+/* dot's lanes (one per column) += the products of 8 unsigned weights per column (`lo`: the even
+ * ones, `hi`: the odd ones) with the row's 8 activations at `a` (4 even, then 4 odd). AVX2's
+ * int4 tiles multiply in TILE(tile_int16). */
 TILE_INLINE __m256i TILE(dot8)(__m256i dot, __m256i lo, __m256i hi, const int8_t *a) {
   int32_t even, odd;
   memcpy(&even, a, 4);
   memcpy(&odd, a + 4, 4);
-#if TILE_VNNI
   dot = _mm256_dpbusd_epi32(dot, lo, _mm256_set1_epi32(even));
   return _mm256_dpbusd_epi32(dot, hi, _mm256_set1_epi32(odd));
-#else /* two products per int16 lane: at most 2 * 15 * 127, no saturation */
-  __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(even)),
-                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(odd)));
-  return _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-#endif
 }
+#endif
 
 /* The same for int8 weights as they are. VNNI: flipped to unsigned (w + 128; the correction
  * takes 128 x the activations off). AVX2: |w| times the activation with w's sign (llama.cpp's
@@ -388,13 +384,14 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
     return;
   }
 #else
-  if (bits == 4 && rows <= 4 && rows * panels <= 8) {
+  _Static_assert(TILE_ROWS <= 4 && TILE_ROWS * TILE_PANELS <= 8 && TILE_PANELS_ONE_ROW <= 8,
+                 "TILE(tile_int16) holds every AVX2 int4 tile");
+  if (bits == 4) {
     TILE(tile_int16)(t, row0, rows, panels, groups, b, bscale, bias, y);
     return;
   }
 #endif
   const QuantizedRows *r = t->rows;
-  const __m256i low = _mm256_set1_epi8(0x0F);
   const int64_t block = r->block;
   const int8_t *qa = r->q + row0 * block;
   const float *sa = r->scales + row0, *corrections = r->corrections + row0;
@@ -419,18 +416,21 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
                        _MM_HINT_T1);
       for (int c = 0; c < panels; c++) {
         const uint8_t *group = bb + c * t->panel_bytes + 8 * bits * g;
+#if TILE_VNNI
         if (bits == 4) {
+          const __m256i low = _mm256_set1_epi8(0x0F);
           __m256i packed = _mm256_loadu_si256((const __m256i *)group);
           __m256i lo = _mm256_and_si256(packed, low);
           __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
           for (int m = 0; m < rows; m++)
             dot[m][c] = TILE(dot8)(dot[m][c], lo, hi, qa + m * block + 8 * g);
-        } else {
-          __m256i lo = _mm256_loadu_si256((const __m256i *)group);
-          __m256i hi = _mm256_loadu_si256((const __m256i *)(group + 32));
-          for (int m = 0; m < rows; m++)
-            dot[m][c] = TILE(dot8_int8)(dot[m][c], lo, hi, qa + m * block + 8 * g);
+          continue;
         }
+#endif
+        __m256i lo = _mm256_loadu_si256((const __m256i *)group);
+        __m256i hi = _mm256_loadu_si256((const __m256i *)(group + 32));
+        for (int m = 0; m < rows; m++)
+          dot[m][c] = TILE(dot8_int8)(dot[m][c], lo, hi, qa + m * block + 8 * g);
       }
     }
     TILE(add_block)(t, rows, panels, &dot[0][0], &acc[0][0], TILE_PANELS_MAX, sa, corrections,
