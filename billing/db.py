@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlmodel import Session, create_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -40,7 +40,18 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         for name, value in PG_TIMEOUTS.items():
             if name not in parsed.query:
                 connect_args.setdefault(name, value)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    event.listen(engine, "handle_error", _failed_ping_is_a_disconnect)
+    return engine
+
+
+def _failed_ping_is_a_disconnect(context: ExceptionContext) -> None:
+    """A pre-ping that fails in any way means a connection not to use: the pool replaces it (and
+    a database out of reach then fails the new connection, a clean OperationalError). psycopg's
+    ping can fail with a ProgrammingError the dialect does not count as a disconnect: a
+    connection cut while the ping ran stays ACTIVE, and resetting its autocommit raises."""
+    if context.is_pre_ping:
+        context.is_disconnect = True
 
 
 def _make_sqlite_engine(url: str, **kwargs: Any) -> Engine:
