@@ -39,7 +39,6 @@ from api.metrics import Metrics
 from api.protocol import (
     AssistantMessage,
     ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
     ChoiceLogprobs,
@@ -51,6 +50,7 @@ from api.protocol import (
     Usage,
 )
 from api.serving import requests
+from api.serving.chunks import ChunkEvents
 from api.serving.streams import KEEPALIVE, TIMEOUT, merge_outputs
 from api.settings import ApiSettings
 from billing.idempotency import body_hash
@@ -106,6 +106,10 @@ class PreparedChat:
     last_checkpoint: float = field(default_factory=time.monotonic)
     events: AsyncGenerator[str] | None = None  # the SSE stream, once started
     outputs: AsyncGenerator[Any] | None = None  # the engine outputs it reads
+    chunks: ChunkEvents = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.chunks = ChunkEvents(chat_id=self.id, created=self.created, model=self.model)
 
 
 def cost_of(tokens: int, price: float) -> int:
@@ -239,9 +243,8 @@ class ChatService:
         """SSE events; an error after the first byte arrives as an error event before [DONE]."""
         try:
             for index in range(len(prepared.requests)):
-                yield self._chunk(
-                    prepared, ChunkChoice(index=index, delta=Delta(role="assistant", content=""))
-                )
+                role = Delta(role="assistant", content="")
+                yield prepared.chunks.chunk(ChunkChoice(index=index, delta=role))
             item = first
             while True:
                 if item is KEEPALIVE:
@@ -255,7 +258,7 @@ class ChatService:
                     break
             await self._settle(prepared)
             if prepared.include_usage:
-                yield self._chunk(prepared, None, usage=prepared.tally.usage())
+                yield prepared.chunks.chunk(None, usage=prepared.tally.usage())
         except Exception as exc:  # the status line is gone: report in-band
             error = from_domain(exc)
             if error.status >= 500:
@@ -269,23 +272,17 @@ class ChatService:
 
     def _events(self, prepared: PreparedChat, index: int, output: GenerationOutput) -> list[str]:
         events = []
-        if output.text or (prepared.want_logprobs and output.logprobs):
-            logprobs = ChoiceLogprobs(content=_logprobs(output)) if prepared.want_logprobs else None
-            events.append(
-                self._chunk(
-                    prepared,
-                    ChunkChoice(index=index, delta=Delta(content=output.text), logprobs=logprobs),
-                )
-            )
+        chunks = prepared.chunks
+        if prepared.want_logprobs and (output.text or output.logprobs):
+            logprobs = ChoiceLogprobs(content=_logprobs(output))
+            delta = Delta(content=output.text)
+            events.append(chunks.chunk(ChunkChoice(index=index, delta=delta, logprobs=logprobs)))
+        elif output.text:
+            events.append(chunks.content(index, output.text))
         if output.finished:
-            events.append(
-                self._chunk(
-                    prepared,
-                    ChunkChoice(
-                        index=index, delta=Delta(), finish_reason=output.finish_reason or "stop"
-                    ),
-                )
-            )
+            finish_reason = output.finish_reason or "stop"
+            choice = ChunkChoice(index=index, delta=Delta(), finish_reason=finish_reason)
+            events.append(chunks.chunk(choice))
         return events
 
     async def complete_once(
@@ -491,18 +488,6 @@ class ChatService:
                 self.metrics.tokens_per_second.labels(prepared.model).observe(
                     (tally.completion_tokens - 1) / elapsed
                 )
-
-    def _chunk(
-        self, prepared: PreparedChat, choice: ChunkChoice | None, usage: Usage | None = None
-    ) -> str:
-        chunk = ChatCompletionChunk(
-            id=prepared.id,
-            created=prepared.created,
-            model=prepared.model,
-            choices=[choice] if choice else [],
-            usage=usage,
-        )
-        return f"data: {chunk.model_dump_json()}\n\n"
 
 
 def _logprobs(output: GenerationOutput) -> list[TokenLogprob]:
