@@ -27,7 +27,7 @@ from anyio import to_thread
 
 from api.books import Books
 from api.engine.errors import ContextLengthExceeded
-from api.engine.protocol import EngineClient, GenerationOutput, GenerationRequest
+from api.engine.protocol import ChatMessage, EngineClient, GenerationOutput, GenerationRequest
 from api.errors import (
     DATABASE_UNAVAILABLE,
     describe_database_error,
@@ -59,6 +59,7 @@ logger = logging.getLogger("tokenshop.api")
 
 SETTLE_RETRY_FIRST_SECONDS = 0.25
 SETTLE_RETRY_MAX_SECONDS = 5.0
+INLINE_TOKENIZE_CHARS = 2000  # up to ~1 ms of tokenizing on the event loop (`_encode`)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class ChatService:
         )
         messages = requests.chat_messages(request)
         requests.stop_strings(request)
-        prompt_ids = await to_thread.run_sync(engine.encode_chat, messages)
+        prompt_ids = await _encode(engine, messages)
         prompt = len(prompt_ids)
         if prompt >= engine.context_length:
             raise ContextLengthExceeded(prompt, engine.context_length)
@@ -488,6 +489,18 @@ class ChatService:
                 self.metrics.tokens_per_second.labels(prepared.model).observe(
                     (tally.completion_tokens - 1) / elapsed
                 )
+
+
+async def _encode(engine: EngineClient, messages: list[ChatMessage]) -> list[int]:
+    """The prompt's tokens: short chats on the event loop, long ones in a worker thread.
+
+    Tokenizing reads about 0.4 us a character here (1000 characters: 0.4 ms), less than a
+    thread hop, which under load took 2-5 ms and by different amounts per request: requests
+    sent together reached their holds and the engine apart, and the engine prefilled them in
+    separate calls."""
+    if sum(len(message.content) for message in messages) <= INLINE_TOKENIZE_CHARS:
+        return engine.encode_chat(messages)
+    return await to_thread.run_sync(engine.encode_chat, messages)
 
 
 def _logprobs(output: GenerationOutput) -> list[TokenLogprob]:
