@@ -109,6 +109,7 @@ def hold(
                 col(Account.id) == account_id, col(Account.balance) - col(Account.held) >= amount
             )
             .values(held=Account.held + amount)
+            .execution_options(synchronize_session=False)
         )
         if reserved.rowcount == 1:  # type: ignore[attr-defined]
             now = utcnow()
@@ -132,6 +133,7 @@ def checkpoint(*, session: Session, hold_id: str, used: int, ttl: timedelta) -> 
         update(Hold)
         .where(col(Hold.id) == hold_id, col(Hold.state) == "held", col(Hold.amount) >= used)
         .values(used=used, expires_at=utcnow() + ttl)
+        .execution_options(synchronize_session=False)
     )
     return result.rowcount == 1  # type: ignore[attr-defined]
 
@@ -183,6 +185,9 @@ def _resolve(
     prompt_tokens: int | None = None,
     completion_tokens: int | None = None,
 ) -> LedgerEntry | None:
+    # The UPDATEs here and in `hold`/`checkpoint` skip the ORM's sync of loaded objects
+    # (`synchronize_session=False`): nothing reads them after, and this re-reads the hold
+    # (`populate_existing`); the sync cost 0.2-0.3 ms a statement, a tenth of a settlement.
     row = session.get(Hold, hold_id, populate_existing=True)
     if row is None or row.state != "held":
         return None
@@ -192,6 +197,7 @@ def _resolve(
         update(Hold)
         .where(col(Hold.id) == hold_id, col(Hold.state) == "held")
         .values(state=state, used=charge, resolved_at=utcnow())
+        .execution_options(synchronize_session=False)
     )
     if changed.rowcount != 1:  # type: ignore[attr-defined]
         return None  # another worker resolved it first
@@ -199,6 +205,7 @@ def _resolve(
         update(Account)
         .where(col(Account.id) == row.account_id)
         .values(held=Account.held - row.amount, balance=Account.balance - charge)
+        .execution_options(synchronize_session=False)
     )
     entry = LedgerEntry(
         account_id=row.account_id,
