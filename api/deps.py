@@ -1,4 +1,8 @@
-"""FastAPI dependencies as `Annotated` aliases; tests swap them with `app.dependency_overrides`."""
+"""FastAPI dependencies as `Annotated` aliases; tests swap them with `app.dependency_overrides`.
+
+They are `async def` though they never await: FastAPI runs a plain `def` dependency in its
+thread pool, and these three hops per chat request took 8% of the event loop's time streaming
+the demo model (py-spy); inline, 16-token requests cost the loop 0.7 ms less CPU each."""
 
 from __future__ import annotations
 
@@ -24,18 +28,18 @@ class Caller:
     key: str
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     return request.app.state.services
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_books(services: ServicesDep) -> Books:
+async def get_books(services: ServicesDep) -> Books:
     return services.books
 
 
-def get_chat(services: ServicesDep) -> ChatService:
+async def get_chat(services: ServicesDep) -> ChatService:
     return services.chat
 
 
