@@ -171,3 +171,34 @@ def test_a_next_turn_arriving_with_new_prompts_answers_the_same_and_frees_its_ro
 
     full = [greedy(f"after-{i}", FOLLOW_UP, 4) for i in range(3)]
     assert run_steps(engine, {0: full})[1] == 3  # a leaked row would leave two
+
+
+def test_among_many_conversations_sharing_a_system_prompt_each_finds_its_own() -> None:
+    """An app's end users all start with its system prompt: every turn must still resume its
+    own conversation, the oldest as well as the newest, wherever the two part in a block."""
+    system = list(range(1000, 1000 + 3 * MIN_PREFIX + 5))  # not a whole number of blocks
+    rng = np.random.default_rng(3)
+    chats = [[*system, *rng.integers(2000, 9000, 30).tolist()] for _ in range(300)]
+    cache = PrefixCache(max_bytes=1 << 30)
+    for chat in chats:
+        cache.store("app", chat, kv(len(chat)))
+
+    for chat in (chats[0], chats[150], chats[-1]):
+        hit = cache.lookup("app", [*chat, 5, 6])
+        assert hit is not None and hit.tokens == len(chat)
+    # a prompt that leaves the oldest conversation in the middle of a block
+    parted = [*chats[0][:-3], 1, 2, 3, 4]
+    hit = cache.lookup("app", parted)
+    assert hit is not None and hit.tokens == len(chats[0]) - 3
+    assert cache.lookup("other", [*chats[0], 5]) is None
+
+
+def test_a_turn_replaces_the_entries_it_covers_but_not_a_longer_one() -> None:
+    cache = PrefixCache(max_bytes=1 << 20)
+    prompt = list(range(100, 140))
+    cache.store("s", prompt, kv(len(prompt)))
+    whole = [*prompt, *range(300, 320)]
+    cache.store("s", whole, kv(len(whole)))
+    assert len(cache) == 1  # the prompt's entry is covered by the whole turn's
+    cache.store("s", prompt[:35], kv(35))  # covered by the stored turn: nothing new is kept
+    assert len(cache) == 1 and cache.nbytes == 64 * len(whole)
