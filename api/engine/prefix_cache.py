@@ -112,7 +112,8 @@ class PrefixCache:
         return len(self._entries)
 
     def _deepest_sharing(self, scope: str, blocks: list[int]) -> Iterable[int]:
-        """The most recent entries holding the most of these chained blocks (none: none)."""
+        """The most recent entries sharing the longest run of these chained blocks, at most
+        `_CANDIDATES` of them; none when no entry shares even the first block."""
         found: dict[int, None] = {}
         for block in blocks:
             sharing = self._sharing.get((scope, block))
