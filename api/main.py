@@ -101,6 +101,7 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         cache_dir=_engine_cache_dir(settings.engine_cache_dir),
         fused_attention=settings.engine_fused_attention,
         prefix_cache_mb=settings.engine_prefix_cache_mb,
+        arrival_wait_ms=settings.engine_arrival_wait_ms,
         int4_kernel=library,
     )
     return await to_thread.run_sync(load_engines, settings.models, config)

@@ -37,6 +37,9 @@ class ApiSettings(BillingSettings):
     # MB per model of finished conversations' keys/values, so a chat's next turn prefills only
     # its new tokens (api/engine/prefix_cache.py); 0 keeps none.
     engine_prefix_cache_mb: int = Field(default=256, ge=0)
+    # How long an idle engine may wait for requests whose holds are being placed, so that
+    # requests sent together are prefilled together (api/engine/scheduler.py); 0: never waits.
+    engine_arrival_wait_ms: float = Field(default=50.0, ge=0)
     # Run int4 projections with our kernel where it is built and this CPU is one it was made
     # for (api/engine/int4_kernel.py); false keeps ONNX Runtime's MatMulNBits everywhere.
     engine_int4_kernel: bool = True

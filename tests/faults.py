@@ -247,6 +247,9 @@ class DelegatingEngine(EngineClient):
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         return self.inner.generate(request)
 
+    def expect(self) -> Callable[[], None]:
+        return self.inner.expect()
+
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
 

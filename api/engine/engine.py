@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from api.engine.chat_template import ChatTemplate, select_template, special_token_strings
@@ -141,6 +141,9 @@ class LocalEngine(EngineClient):
         )
         self.scheduler.submit(sequence)
         return GenerationStream(sequence, self.scheduler)
+
+    def expect(self) -> Callable[[], None]:
+        return self.scheduler.expect()
 
     async def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)

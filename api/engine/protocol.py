@@ -9,7 +9,7 @@ made (vLLM's `EngineClient` plays the same role).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -114,6 +114,14 @@ class EngineClient(ABC):
         its sequence leaves the batch at the next step.
         """
 
+    def expect(self) -> Callable[[], None]:
+        """Say a request is on its way (validated, its hold being placed); the returned call
+        says it was passed to `generate` or will not come, and may be called more than once.
+
+        An engine may let an idle batch wait a moment for expected requests, so that a burst's
+        prompts are prefilled together; one that does not batch ignores it."""
+        return _ignore
+
     @abstractmethod
     async def abort(self, request_id: str) -> None:
         """Stop a request; its iterator ends at the next step."""
@@ -132,3 +140,7 @@ class EngineClient(ABC):
     @abstractmethod
     async def shutdown(self) -> None:
         """Stop the scheduler; pending requests finish with an error."""
+
+
+def _ignore() -> None:
+    pass

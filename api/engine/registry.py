@@ -32,6 +32,7 @@ class EngineConfig:
     cache_dir: Path | None = field(default_factory=default_cache_dir)
     fused_attention: bool = True  # GroupQueryAttention over a shared KV buffer, where it applies
     prefix_cache_mb: int = 256  # finished conversations' keys/values, per model (0: none)
+    arrival_wait_ms: float = 50.0  # an idle batch's wait for requests on their way (0: none)
     int4_kernel: Path | None = None  # our int4 op's library (int4_kernel.py); None: ORT's
 
     @property
@@ -41,6 +42,7 @@ class EngineConfig:
             max_queued=self.max_queued,
             max_prefill_tokens=self.max_prefill_tokens,
             prefix_cache_bytes=self.prefix_cache_mb << 20,
+            arrival_wait_seconds=self.arrival_wait_ms / 1000,
         )
 
 

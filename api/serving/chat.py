@@ -18,7 +18,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,7 @@ class PreparedChat:
     last_checkpoint: float = field(default_factory=time.monotonic)
     events: AsyncGenerator[str] | None = None  # the SSE stream, once started
     outputs: AsyncGenerator[Any] | None = None  # the engine outputs it reads
+    arrived: Callable[[], None] = field(default=lambda: None)  # from `EngineClient.expect`
     chunks: ChunkEvents = field(init=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +141,20 @@ class ChatService:
         engine = self.engines.get(request.model)
         if engine is None:
             raise model_not_found(request.model)
+        # From here until `_outputs` submits it, the engine counts this request as on its way,
+        # so a burst sent together is prefilled together (`Scheduler._wait_for_expected`).
+        arrived = engine.expect()
+        try:
+            prepared = await self._prepare(engine, request, account_id)
+        except BaseException:
+            arrived()
+            raise
+        prepared.arrived = arrived
+        return prepared
+
+    async def _prepare(
+        self, engine: EngineClient, request: ChatCompletionRequest, account_id: int
+    ) -> PreparedChat:
         requests.refuse_unsupported(
             request, max_n=self.settings.max_n, max_messages=self.settings.max_messages
         )
@@ -314,7 +329,10 @@ class ChatService:
         out: otherwise the sweeper would take the hold of a live request that waited longer
         than the hold TTL, and what it then generated would never be billed."""
         deadline = prepared.accepted_at + self.settings.max_generation_seconds
-        streams = [prepared.engine.generate(request) for request in prepared.requests]
+        try:
+            streams = [prepared.engine.generate(request) for request in prepared.requests]
+        finally:
+            prepared.arrived()
         finished: set[int] = set()
         merged = merge_outputs(
             streams,
@@ -404,6 +422,7 @@ class ChatService:
         if prepared.closed:
             return
         prepared.closed = True
+        prepared.arrived()  # in case it never reached `_outputs`
         self.limiter.release(prepared.account_id)
         try:
             await self._resolve_hold(prepared)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -262,3 +264,91 @@ def test_arrivals_wait_for_the_next_step_once_the_prefill_budget_is_spent() -> N
     assert scheduler.last_batch_size == 1 and scheduler.counts() == (1, 1)
     scheduler.step()
     assert (len(first.queue), len(late.queue)) == (3, 2) and scheduler.last_batch_size == 2
+
+
+def arrive_later(scheduler, sequence, arrived, after: float) -> threading.Thread:  # noqa: ANN001
+    """Submit `sequence` from another thread `after` seconds from now, then say it arrived: a
+    request whose hold commits after its neighbour's (`None`: it was refused, never submitted)."""
+
+    def later() -> None:
+        time.sleep(after)
+        if sequence is not None:
+            scheduler.submit(sequence)
+        arrived()
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    return thread
+
+
+def step_without_waiting_out(scheduler) -> None:  # noqa: ANN001 - Scheduler
+    """One step, which must not sit out its 30 s arrival wait."""
+    stepping = threading.Thread(target=scheduler.step)
+    stepping.start()
+    stepping.join(timeout=10)
+    assert not stepping.is_alive(), "the step waited for a request that was not coming"
+
+
+def test_an_idle_engine_waits_for_requests_on_their_way_and_prefills_them_together() -> None:
+    engine = make_engine(DEMO_DIR, arrival_wait_seconds=30)
+    scheduler = engine.scheduler
+    first = manual_sequence(engine, greedy("first", PROMPT, 5))
+    second = manual_sequence(engine, greedy("second", PROMPT[:7], 5))
+    first_arrived, second_arrived = scheduler.expect(), scheduler.expect()
+    scheduler.submit(first)
+    first_arrived()
+    late = arrive_later(scheduler, second, second_arrived, after=0.3)
+
+    scheduler.step()
+    late.join()
+
+    # Both prompts prefilled (a first token each), then one decode step for the two of them;
+    # without the wait, `first` would have been prefilled and decoded alone.
+    assert (len(first.queue), len(second.queue)) == (2, 2)
+    assert scheduler.last_batch_size == 2 and scheduler.counts() == (2, 0)
+
+
+def test_a_request_that_will_not_come_stops_the_wait() -> None:
+    engine = make_engine(DEMO_DIR, arrival_wait_seconds=30)
+    scheduler = engine.scheduler
+    first = manual_sequence(engine, greedy("first", PROMPT, 5))
+    first_arrived, refused = scheduler.expect(), scheduler.expect()
+    scheduler.submit(first)
+    first_arrived()
+    first_arrived()  # saying it twice counts once
+    called_off = arrive_later(scheduler, None, refused, after=0.1)
+
+    step_without_waiting_out(scheduler)
+    called_off.join()
+
+    assert len(first.queue) == 2 and scheduler.last_batch_size == 1
+    assert scheduler.expected == 0
+
+
+def test_the_wait_for_a_late_request_is_bounded() -> None:
+    engine = make_engine(DEMO_DIR, arrival_wait_seconds=0.05)
+    scheduler = engine.scheduler
+    first = manual_sequence(engine, greedy("first", PROMPT, 5))
+    scheduler.expect()  # on its way, but its hold takes longer than the wait
+    scheduler.submit(first)
+
+    started = time.monotonic()
+    scheduler.step()
+
+    assert len(first.queue) == 2 and scheduler.last_batch_size == 1
+    assert time.monotonic() - started >= 0.05
+
+
+def test_running_streams_never_wait_for_expected_requests() -> None:
+    engine = make_engine(DEMO_DIR, arrival_wait_seconds=30)
+    scheduler = engine.scheduler
+    running = manual_sequence(engine, greedy("running", PROMPT, 50))
+    scheduler.submit(running)
+    scheduler.step()
+    scheduler.expect()  # never arrives: a 30 s wait would stall the running stream
+    joining = manual_sequence(engine, greedy("joining", PROMPT[:7], 5))
+    scheduler.submit(joining)
+
+    step_without_waiting_out(scheduler)
+
+    assert (len(running.queue), len(joining.queue)) == (3, 2)
