@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, update
+from sqlalchemy import bindparam, func, insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -21,6 +21,49 @@ from billing.errors import InsufficientBalance, InvalidAmount, PurchaseNotFound
 from billing.models import Account, Hold, LedgerEntry, Purchase, utcnow
 
 HOLD_ATTEMPTS = 8
+
+# The statements of every request's hold, checkpoint and settlement, built once and run on the
+# session's connection: through the ORM, building each statement and its ORM bookkeeping took
+# three quarters of a settlement (8 settlements in one transaction, SQLite: 25.8 -> 7.9 ms).
+# None of them touches loaded objects; the ORM's copies of these rows are never read after.
+_AVAILABLE = sa_select(col(Account.balance) - col(Account.held)).where(
+    col(Account.id) == bindparam("account_id")
+)
+_LOCK_ACCOUNT = (
+    sa_select(col(Account.id)).where(col(Account.id) == bindparam("account_id")).with_for_update()
+)
+_RESERVE = (
+    update(Account)
+    .where(
+        col(Account.id) == bindparam("account_id"),
+        col(Account.balance) - col(Account.held) >= bindparam("tokens"),
+    )
+    .values(held=Account.held + bindparam("tokens"))
+)
+_INSERT_HOLD = insert(Hold)
+_CHECKPOINT = (
+    update(Hold)
+    .where(
+        col(Hold.id) == bindparam("hold_id"),
+        col(Hold.state) == "held",
+        col(Hold.amount) >= bindparam("tokens"),
+    )
+    .values(used=bindparam("tokens"), expires_at=bindparam("expiry"))
+)
+_OPEN_HOLD = sa_select(col(Hold.account_id), col(Hold.amount), col(Hold.model)).where(
+    col(Hold.id) == bindparam("hold_id"), col(Hold.state) == "held"
+)
+_RESOLVE_HOLD = (
+    update(Hold)
+    .where(col(Hold.id) == bindparam("hold_id"), col(Hold.state) == "held")
+    .values(state=bindparam("to_state"), used=bindparam("charge"), resolved_at=bindparam("at"))
+)
+_SETTLE_ACCOUNT = (
+    update(Account)
+    .where(col(Account.id) == bindparam("account_id"))
+    .values(held=Account.held - bindparam("amount"), balance=Account.balance - bindparam("charge"))
+)
+_INSERT_ENTRY = insert(LedgerEntry).returning(col(LedgerEntry.id))
 
 
 @dataclass(frozen=True)
@@ -97,21 +140,16 @@ def hold(
     """
     if min_tokens <= 0 or max_tokens < min_tokens:
         raise InvalidAmount(f"Bad hold bounds {min_tokens}..{max_tokens}.")
+    session.flush()  # what the caller added goes first, as the ORM's autoflush would
+    connection = session.connection()
     available = 0
     for _ in range(HOLD_ATTEMPTS):
         available = _available(session, account_id)
         if available < min_tokens:
             break
         amount = min(available, max_tokens)
-        reserved = session.execute(
-            update(Account)
-            .where(
-                col(Account.id) == account_id, col(Account.balance) - col(Account.held) >= amount
-            )
-            .values(held=Account.held + amount)
-            .execution_options(synchronize_session=False)
-        )
-        if reserved.rowcount == 1:  # type: ignore[attr-defined]
+        reserved = connection.execute(_RESERVE, {"account_id": account_id, "tokens": amount})
+        if reserved.rowcount == 1:
             now = utcnow()
             row = Hold(
                 id=request_id,
@@ -121,21 +159,17 @@ def hold(
                 created_at=now,
                 expires_at=now + ttl,
             )
-            session.add(row)
-            session.flush()
+            connection.execute(_INSERT_HOLD, row.model_dump())
             return row
     raise InsufficientBalance(needed=min_tokens, available=max(available, 0))
 
 
 def checkpoint(*, session: Session, hold_id: str, used: int, ttl: timedelta) -> bool:
     """Record usage so far and push the expiry out; a crash later bills `used`, not zero."""
-    result = session.execute(
-        update(Hold)
-        .where(col(Hold.id) == hold_id, col(Hold.state) == "held", col(Hold.amount) >= used)
-        .values(used=used, expires_at=utcnow() + ttl)
-        .execution_options(synchronize_session=False)
+    result = session.connection().execute(
+        _CHECKPOINT, {"hold_id": hold_id, "tokens": used, "expiry": utcnow() + ttl}
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    return result.rowcount == 1
 
 
 def settle(
@@ -185,40 +219,33 @@ def _resolve(
     prompt_tokens: int | None = None,
     completion_tokens: int | None = None,
 ) -> LedgerEntry | None:
-    # The UPDATEs here and in `hold`/`checkpoint` skip the ORM's sync of loaded objects
-    # (`synchronize_session=False`): nothing reads them after, and this re-reads the hold
-    # (`populate_existing`); the sync cost 0.2-0.3 ms a statement, a tenth of a settlement.
-    row = session.get(Hold, hold_id, populate_existing=True)
-    if row is None or row.state != "held":
+    session.flush()
+    connection = session.connection()
+    row = connection.execute(_OPEN_HOLD, {"hold_id": hold_id}).one_or_none()
+    if row is None:
         return None
-    lock_account(session, row.account_id)
-    charge = max(0, min(cost, row.amount))
-    changed = session.execute(
-        update(Hold)
-        .where(col(Hold.id) == hold_id, col(Hold.state) == "held")
-        .values(state=state, used=charge, resolved_at=utcnow())
-        .execution_options(synchronize_session=False)
+    account_id, amount, model = row
+    lock_account(session, account_id)
+    charge = max(0, min(cost, amount))
+    changed = connection.execute(
+        _RESOLVE_HOLD, {"hold_id": hold_id, "to_state": state, "charge": charge, "at": utcnow()}
     )
-    if changed.rowcount != 1:  # type: ignore[attr-defined]
+    if changed.rowcount != 1:
         return None  # another worker resolved it first
-    session.execute(
-        update(Account)
-        .where(col(Account.id) == row.account_id)
-        .values(held=Account.held - row.amount, balance=Account.balance - charge)
-        .execution_options(synchronize_session=False)
+    connection.execute(
+        _SETTLE_ACCOUNT, {"account_id": account_id, "amount": amount, "charge": charge}
     )
     entry = LedgerEntry(
-        account_id=row.account_id,
+        account_id=account_id,
         kind="usage",
         amount=-charge,
         request_id=hold_id,
-        model=row.model,
+        model=model,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         note=None if state == "settled" else "released",
     )
-    session.add(entry)
-    session.flush()
+    entry.id = connection.execute(_INSERT_ENTRY, entry.model_dump(exclude={"id"})).scalar_one()
     return entry
 
 
@@ -344,10 +371,7 @@ def audit(*, session: Session, now: datetime | None = None) -> list[str]:
 
 
 def _available(session: Session, account_id: int) -> int:
-    balance, held = session.execute(
-        select(Account.balance, Account.held).where(col(Account.id) == account_id)
-    ).one()
-    return int(balance - held)
+    return int(session.connection().execute(_AVAILABLE, {"account_id": account_id}).scalar_one())
 
 
 def lock_account(session: Session, account_id: int) -> None:
@@ -356,4 +380,4 @@ def lock_account(session: Session, account_id: int) -> None:
     Every writer locks the account before any row that refers to it: inserting such a row takes
     a key-share lock on the account, and taking the account's lock after that deadlocks against
     a writer doing the same in the other order."""
-    session.execute(select(Account.id).where(col(Account.id) == account_id).with_for_update())
+    session.connection().execute(_LOCK_ACCOUNT, {"account_id": account_id})
