@@ -11,7 +11,8 @@ first use: the builder needs transformers 5, our export stack transformers 4), m
 machine's read bandwidth, and then measures every engine x precision:
 
 - ours through the real HTTP API: a uvicorn process per precision with the default settings,
-  streamed chat completions (greedy) from an httpx client;
+  streamed chat completions (greedy) read by bench/sse_client.py (httptools on raw connections:
+  the client shares the server's cores, and httpx took 3x its CPU per token);
 - ours directly: `LocalEngine` in a worker process (bench/compare_ours.py);
 - a bare ONNX Runtime greedy loop on the graph as exported, in a worker of its own (the floor
   of any loop on that graph);
@@ -62,6 +63,7 @@ from api.engine.engine import TOKENIZER_FILE, load_chat_template  # noqa: E402
 from api.engine.protocol import ChatMessage  # noqa: E402
 from api.engine.tokenizer import TokenizerWrapper  # noqa: E402
 from bench.engine import OUT, build_source, prompt  # noqa: E402
+from bench.sse_client import SseClient  # noqa: E402
 
 WORK = OUT / "compare"
 GENAI_VENV = OUT / "genai-venv"
@@ -314,6 +316,7 @@ class Server:
     def __init__(self, model: str, path: Path, port: int, env: dict[str, str]) -> None:
         self.model = model
         self.base = f"http://127.0.0.1:{port}"
+        self.sse = SseClient("127.0.0.1", port)
         self.log = (WORK / f"server-{model}.log").open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "api.main:app_from_environment", "--factory"]
@@ -379,13 +382,12 @@ class HttpClient:
         return f"{NONCE.format(self._next)[::-1]} {text}"
 
     async def stream(
-        self, client: httpx.AsyncClient, text: str, max_tokens: int, started: asyncio.Event | None
+        self, text: str, max_tokens: int, started: asyncio.Event | None
     ) -> tuple[float, float, float, int]:
         """One streamed request: (submitted, first token, last token, completion tokens).
 
         The server sends its first event once the first token exists, so that event's arrival
         is the time to first token; the event with `finish_reason` comes with the last token."""
-        headers = {"Authorization": f"Bearer {self._key()}"}  # numbers the request too
         body = {
             "model": self.server.model,
             "messages": [{"role": "user", "content": self._unique(text)}],
@@ -394,38 +396,19 @@ class HttpClient:
             "max_tokens": max_tokens,
             "temperature": 0,
         }
+        key = self._key()  # numbers the request too
         submitted = time.perf_counter()
-        first = last = 0.0
-        tokens = 0
-        url = self.server.base + "/v1/chat/completions"
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()!r}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                now = time.perf_counter()
-                if line == "data: [DONE]":
-                    break
-                first = first or now
-                if started is not None:
-                    started.set()  # its first token exists: it is decoding now
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                    if chunk["usage"]["prompt_tokens_details"]["cached_tokens"]:
-                        raise RuntimeError("a prompt started from the prefix cache: not a cold one")
-                elif chunk["choices"] and chunk["choices"][0].get("finish_reason"):
-                    last = now
-        return submitted, first, last or first, tokens
+        times = await self.server.sse.stream(body, key, started)
+        if times.cached_tokens:
+            raise RuntimeError("a prompt started from the prefix cache: not a cold one")
+        return submitted, times.first, times.last or times.first, times.completion_tokens
 
     async def streams(self, n: int, tokens: int) -> dict[str, float]:
-        async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=64)) as c:
-            started = time.perf_counter()
-            results = await asyncio.gather(
-                *(self.stream(c, self.short_text, tokens, None) for _ in range(n))
-            )
-            wall = time.perf_counter() - started
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(self.stream(self.short_text, tokens, None) for _ in range(n))
+        )
+        wall = time.perf_counter() - started
         rates = [(k - 1) / (b - a) for _, a, b, k in results if k > 1 and b > a]
         return {
             "per": float(np.mean(rates)) if rates else float("nan"),
@@ -459,20 +442,19 @@ class HttpClient:
 
     async def ttft(self, running: int) -> float:
         """Time to first token of the long prompt, idle or joining `running` decoding streams."""
-        async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=64)) as c:
-            events = [asyncio.Event() for _ in range(running)]
-            background = [
-                asyncio.create_task(self.stream(c, self.short_text, 100_000, event))
-                for event in events
-            ]
-            try:
-                for task, event in zip(background, events, strict=True):
-                    await _started(task, event)
-                submitted, first, _, _ = await self.stream(c, self.long_text, 1, None)
-            finally:
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
+        events = [asyncio.Event() for _ in range(running)]
+        background = [
+            asyncio.create_task(self.stream(self.short_text, 100_000, event)) for event in events
+        ]
+        try:
+            for task, event in zip(background, events, strict=True):
+                await _started(task, event)
+            submitted, first, _, _ = await self.stream(self.long_text, 1, None)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+        async with httpx.AsyncClient(timeout=None) as c:
             await self.server.wait_idle(c)
         return first - submitted
 
