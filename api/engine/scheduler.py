@@ -1,6 +1,7 @@
 """The batching loop: one thread per model owns the batch (TGI's `batching_task`, vLLM's core).
 
-Each iteration: take aborts under a lock; drop aborted sequences; admit queued requests, each
+Each iteration: take aborts under a lock; drop aborted sequences; from an idle batch, wait a
+moment for requests the API said are on their way (`expect`); admit queued requests, each
 starting from the longest computed prefix its scope left behind (`prefix_cache.py`); spend at
 most `max_prefill_tokens` prompt tokens on prefill (`prefill.py`: short prompts whole and
 batched, a long one in chunks over several iterations), admitting requests that arrive meanwhile
