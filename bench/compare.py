@@ -419,26 +419,22 @@ class HttpClient:
     async def next_turn(self) -> dict[str, float]:
         """Time to first token of a conversation's second turn: the long prompt, its reply,
         then a short message, from one account (whose finished turn the server kept)."""
-        headers = {"Authorization": f"Bearer {self._key()}"}
+        key = self._key()
         url = self.server.base + "/v1/chat/completions"
         turn = {"model": self.server.model, "max_tokens": PLAN.tokens, "temperature": 0}
         messages = [{"role": "user", "content": self._unique(self.long_text)}]
         async with httpx.AsyncClient(timeout=None) as c:
-            reply = await c.post(url, headers=headers, json={**turn, "messages": messages})
+            reply = await c.post(
+                url, headers={"Authorization": f"Bearer {key}"}, json={**turn, "messages": messages}
+            )
             reply.raise_for_status()
-            messages.append(reply.json()["choices"][0]["message"])
-            messages.append({"role": "user", "content": self.short_text})
-            body = {**turn, "messages": messages, "max_tokens": 1, "stream": True}
-            body["stream_options"] = {"include_usage": True}
-            submitted, first, cached = time.perf_counter(), 0.0, 0
-            async with c.stream("POST", url, json=body, headers=headers) as response:
-                response.raise_for_status()
-                async for line in response.aiter_lines():
-                    if line.startswith("data: {"):
-                        first = first or time.perf_counter()
-                        if usage := json.loads(line[6:]).get("usage"):
-                            cached = usage["prompt_tokens_details"]["cached_tokens"]
-        return {"ttft": first - submitted, "cached": cached}
+        messages.append(reply.json()["choices"][0]["message"])
+        messages.append({"role": "user", "content": self.short_text})
+        body = {**turn, "messages": messages, "max_tokens": 1, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        submitted = time.perf_counter()
+        times = await self.server.sse.stream(body, key)
+        return {"ttft": times.first - submitted, "cached": times.cached_tokens}
 
     async def ttft(self, running: int) -> float:
         """Time to first token of the long prompt, idle or joining `running` decoding streams."""
