@@ -13,7 +13,8 @@ block sizes of `bench/quantize.py`'s variants, under bench/out/variant-*, say), 
 projections run by ONNX Runtime's `MatMulNBits` and by our op (`--int4-kernel both`), or by
 several builds of our op library (`--library A.so B.so`: a kernel change against the build
 before it, in one process; both must take the graph the current edits make), and attention run
-by ONNX Runtime's `GroupQueryAttention` and by our op (`--attention both`).
+by ONNX Runtime's `GroupQueryAttention` and by our op (`--attention both`), and our op over a
+float32 and a float16 KV cache (`--kv-cache both`, the engine's `ENGINE_KV_CACHE_DTYPE`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ ATTENTION = {  # --attention: label suffix -> whether our attention op runs it
     "ours": {"": True},
     "ort": {" (ORT attention)": False},
     "both": {" (ORT attention)": False, " (our attention)": True},
+}
+KV_CACHE = {  # --kv-cache: label suffix -> whether the cache is float16
+    "float32": {"": False},
+    "float16": {" (float16 cache)": True},
+    "both": {" (float32 cache)": False, " (float16 cache)": True},
 }
 
 
@@ -100,6 +106,12 @@ def main() -> int:
         help="who runs attention when our op library is loaded (default: ours, as served)",
     )
     parser.add_argument(
+        "--kv-cache",
+        choices=tuple(KV_CACHE),
+        default="float32",
+        help="the KV cache's type where our attention op runs (default: float32, as served)",
+    )
+    parser.add_argument(
         "--library",
         type=Path,
         nargs="+",
@@ -119,12 +131,18 @@ def main() -> int:
         if not (path / "model.onnx").is_file():
             print(f"no export at {path}: run bench/compare.py first, or pass --model")
             return 1
-        for (name, kernel), (attention, ours) in itertools.product(
-            kernels.items(), ATTENTION[args.attention].items()
+        for (name, kernel), (attention, ours), (cache, half) in itertools.product(
+            kernels.items(), ATTENTION[args.attention].items(), KV_CACHE[args.kv_cache].items()
         ):
-            label = f"{path.name}{name}{attention if kernel is not None else ''}"
+            label = f"{path.name}{name}{attention + cache if kernel is not None else ''}"
+            if half and not ours:  # ONNX Runtime's attention takes a float32 cache only
+                continue
             models[label] = OnnxCausalLM(
-                path, cache_dir=default_cache_dir(), int4_kernel=kernel, attention_kernel=ours
+                path,
+                cache_dir=default_cache_dir(),
+                int4_kernel=kernel,
+                attention_kernel=ours,
+                half_cache=half,
             )
             if not models[label].spec.shared_kv:
                 print(f"{path}: the engine does not serve this graph with fused attention")

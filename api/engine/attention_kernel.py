@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import onnx
 
 OP_TYPE = "CachedAttention"
+HALF_CACHE_OP_TYPE = "CachedAttentionHalfCache"  # the same op over a float16 cache
 # Model metadata the edit sets when every attention of the graph is ours: kept in ONNX Runtime's
 # optimized-graph cache, and read back from the session (`model.py`).
 PADDED_PREFILL = "tokenshop.padded_prefill"
@@ -83,6 +84,29 @@ def use_attention_kernel(model: onnx.ModelProto) -> int:
     if changed and not any(node.op_type == "GroupQueryAttention" for node in graph.node):
         helper.set_model_props(model, {**_props(model), PADDED_PREFILL: "1"})
     return changed
+
+
+def use_half_cache(model: onnx.ModelProto) -> bool:
+    """Keep the KV cache in float16: every `CachedAttention` becomes `CachedAttentionHalfCache`,
+    and the graph's past inputs and present outputs float16, in place. Only when every attention
+    of the graph is ours (ONNX Runtime's takes a cache of the query's type); False, model
+    untouched, otherwise. Attention still computes in float32 (each key and value is widened
+    as it is read): the cache's bytes halve, and with them what a long context reads a step."""
+    from onnx import TensorProto
+
+    if not takes_left_padding(_props(model)):
+        return False
+    graph = model.graph
+    caches: set[str] = set()
+    for node in graph.node:
+        if node.op_type == OP_TYPE and node.domain == DOMAIN:
+            node.op_type = HALF_CACHE_OP_TYPE
+            caches.update(node.input[3:5])
+            caches.update(node.output[1:3])
+    for value in [*graph.input, *graph.output]:
+        if value.name in caches:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    return bool(caches)
 
 
 def takes_left_padding(metadata: dict[str, str]) -> bool:

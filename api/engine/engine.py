@@ -102,6 +102,7 @@ class LocalEngine(EngineClient):
         cache_dir: Path | None = None,
         fused_attention: bool = True,
         int4_kernel: Path | None = None,
+        half_kv_cache: bool = False,
     ) -> None:
         if not path.is_dir():
             raise ModelLoadError(f"{path}: not a directory (expected an Optimum ONNX export)")
@@ -113,6 +114,7 @@ class LocalEngine(EngineClient):
             cache_dir=cache_dir,
             fuse_attention=fused_attention,
             int4_kernel=int4_kernel,
+            half_cache=half_kv_cache,
         )
         self.tokenizer = TokenizerWrapper.from_file(path / TOKENIZER_FILE)
         self.chat_template = load_chat_template(path)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from api.engine.attention_kernel import takes_left_padding, use_attention_kernel
+from api.engine.attention_kernel import takes_left_padding, use_attention_kernel, use_half_cache
 from api.engine.errors import ModelLoadError
 from api.engine.fused_attention import SEQLENS, fuse_attention
 from api.engine.int4_kernel import huge_page_bytes, use_int4_kernel
@@ -173,6 +173,7 @@ FUSED_TAG = "gqa-rope-v3+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
 INT8_KERNEL_TAG = "int8-kernel-v2+residual"
 ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
+HALF_CACHE_TAG = "half-kv-cache"
 
 
 def _graph_source(
@@ -183,6 +184,7 @@ def _graph_source(
     int4_kernel: bool,
     int8_kernel: bool,
     attention_kernel: bool,
+    half_cache: bool = False,
 ) -> str | bytes:
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`);
     when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
@@ -190,8 +192,8 @@ def _graph_source(
     `int4_kernel`, to run int4 projections with our op (`int4_kernel.py`), a SwiGLU MLP's
     activation in it (`swiglu.py`), and when
     `int8_kernel`, dynamically quantized int8 ones (`int8_matmul.py`), and when
-    `attention_kernel`, the fused attention with our op (`attention_kernel.py`): where each edit
-    applies. Else the file as exported."""
+    `attention_kernel`, the fused attention with our op (`attention_kernel.py`), over a float16
+    cache when `half_cache`: where each edit applies. Else the file as exported."""
     import onnx
 
     try:
@@ -209,6 +211,8 @@ def _graph_source(
         ours = True
     if fused and attention_kernel and use_attention_kernel(proto) > 0:
         ours = True
+        if half_cache:
+            use_half_cache(proto)
     return proto.SerializeToString() if sliced or fused or ours else str(model_file)
 
 
@@ -258,12 +262,14 @@ class OnnxCausalLM:
         fuse_attention: bool = True,
         int4_kernel: Path | None = None,
         attention_kernel: bool = True,
+        half_cache: bool = False,
     ) -> None:
         """`int4_kernel`: our op library (`int4_kernel.preferred_library()`), or None to run
         int4 graphs with ONNX Runtime's `MatMulNBits`. With it, dynamically quantized int8
         projections run on its int8 op too where that is faster (`int8_matmul.py`), and fused
         attention on its attention op unless `attention_kernel` is False (`bench/context.py`
-        compares the two)."""
+        compares the two), where `half_cache` keeps the KV cache in float16 (`use_half_cache`:
+        only when every attention of the graph is ours; `spec.kv_dtype` says what was built)."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -281,12 +287,14 @@ class OnnxCausalLM:
                 int4_kernel=int4_kernel is not None,
                 int8_kernel=int8_kernel,
                 attention_kernel=attention_kernel and int4_kernel is not None,
+                half_cache=half_cache,
             )
             tag = f"{EDIT_TAG}+{FUSED_TAG}" if fuse_attention else EDIT_TAG
             tag += f"+{INT4_KERNEL_TAG}" if int4_kernel is not None else ""
             tag += f"+{INT8_KERNEL_TAG}" if int8_kernel else ""
             own_attention = fuse_attention and attention_kernel and int4_kernel is not None
             tag += f"+{ATTENTION_KERNEL_TAG}" if own_attention else ""
+            tag += f"+{HALF_CACHE_TAG}" if own_attention and half_cache else ""
         else:
             load, tag, int4_kernel = partial(str, model_file), "as exported", None
         try:
@@ -307,6 +315,12 @@ class OnnxCausalLM:
             log.info("%s loaded; our ops' weights on 2 MB pages, process-wide: %.0f MB", path, held)
         self.last_position_only = _last_position_only(self.session)
         self.spec = _inspect(self.session, model_file, self.config)
+        if half_cache and self.spec.kv_dtype != np.float16:
+            log.warning(
+                "%s: a float16 KV cache needs our attention op on every layer; its cache stays %s",
+                path,
+                np.dtype(self.spec.kv_dtype).name,
+            )
         self.context_length = context_length_of(self.config)
         self.eos_token_ids = eos_ids_of(self.generation_config, self.config)
         self._output_names = ["logits", *self.spec.present_names]

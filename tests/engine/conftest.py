@@ -203,6 +203,7 @@ def make_engine(
     cache_dir: Path | None = None,
     fused_attention: bool = True,
     int4_kernel: Path | None = None,
+    half_kv_cache: bool = False,
     **limits: Any,
 ) -> LocalEngine:
     return LocalEngine(
@@ -213,6 +214,7 @@ def make_engine(
         cache_dir=cache_dir,
         fused_attention=fused_attention,
         int4_kernel=int4_kernel,
+        half_kv_cache=half_kv_cache,
     )
 
 

@@ -130,8 +130,8 @@ def run_in_place(
     binding.bind_output("out")
     for name, buffer in zip(("key", "value"), cache, strict=True):
         shape, pointer = list(buffer.shape), buffer.ctypes.data
-        binding.bind_input(f"past_{name}", "cpu", 0, np.float32, shape, pointer)
-        binding.bind_output(f"present_{name}", "cpu", 0, np.float32, shape, pointer)
+        binding.bind_input(f"past_{name}", "cpu", 0, buffer.dtype.type, shape, pointer)
+        binding.bind_output(f"present_{name}", "cpu", 0, buffer.dtype.type, shape, pointer)
     attention.run_with_iobinding(binding)
     return binding.get_outputs()[0].numpy()
 

@@ -222,7 +222,8 @@ static void quantize_row(void *data, size_t row) {
 /* Whether this CPU runs the kernel: the engine asks before it edits a graph to use it. */
 int tokenshop_int4_supported(void) {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c"); /* every AVX2 CPU has it; attention's half cache */
 }
 
 typedef enum { ISA_AVX2, ISA_VNNI, ISA_AMX } Isa;
@@ -360,7 +361,8 @@ static OrtStatus *attribute(const OrtKernelInfo *info, const char *name, int64_t
   return g_api->KernelInfoGetAttribute_int64(info, name, out);
 }
 
-static OrtCustomOp g_op4, g_op8, g_attention;
+static OrtCustomOp g_op4, g_op8;
+static AttentionOp g_attention, g_attention_half;
 
 static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
                                              const OrtKernelInfo *info, void **kernel) {
@@ -624,11 +626,15 @@ static void fill_op(OrtCustomOp *op) {
 static void make_domain(void) {
   fill_op(&g_op4);
   fill_op(&g_op8);
-  tokenshop_fill_attention(&g_attention);
+  tokenshop_fill_attention(&g_attention, 0);
+  tokenshop_fill_attention(&g_attention_half, 1);
   g_domain_error = g_api->CreateCustomOpDomain("tokenshop", &g_domain);
   if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op4);
   if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_op8);
-  if (g_domain_error == NULL) g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_attention);
+  if (g_domain_error == NULL)
+    g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_attention.op);
+  if (g_domain_error == NULL)
+    g_domain_error = g_api->CustomOpDomain_Add(g_domain, &g_attention_half.op);
 }
 
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {

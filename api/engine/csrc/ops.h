@@ -21,7 +21,13 @@ void tokenshop_fill_common(OrtCustomOp *op);
  * (int4_matmul.c). */
 OrtStatus *tokenshop_input(OrtKernelContext *context, size_t index, const OrtValue **value);
 
-/* CachedAttention (attention.c): its kernel and type callbacks. */
-void tokenshop_fill_attention(OrtCustomOp *op);
+/* CachedAttention (attention.c): its kernel and type callbacks; with `half_cache` the op whose
+ * past and present keys and values are float16 (CachedAttentionHalfCache). */
+typedef struct {
+  OrtCustomOp op; /* first: ONNX Runtime hands the callbacks this address back */
+  int half_cache;
+} AttentionOp;
+
+void tokenshop_fill_attention(AttentionOp *op, int half_cache);
 
 #endif
