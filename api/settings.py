@@ -50,7 +50,7 @@ class ApiSettings(BillingSettings):
     # model file's pages; false shares them.
     engine_huge_pages: bool = True
     # The KV cache's element type. float16 halves its memory and what attention reads a step (8
-    # streams at 2,000 tokens of context decode ~1.4x faster on 2 cores) at a small cost in
+    # streams at 2,000 tokens of context decode ~1.3x faster on 2 cores) at a small cost in
     # exactness (tests/engine/test_half_cache.py bounds it); it applies where every attention
     # runs on our op (the int4 kernel's library), and float32 is kept elsewhere.
     engine_kv_cache_dtype: Literal["float32", "float16"] = "float32"

@@ -28,13 +28,13 @@
  * Supported: float32, D a multiple of 8 up to 256 (even with rotary), H a multiple of KV.
  * CachedAttentionHalfCache is the same op over float16 past and present (ENGINE_KV_CACHE_DTYPE):
  * new keys and values are rounded to float16 as they are stored and widened as they are read,
- * so a long context's step reads half the bytes (8 sequences at 2,000 tokens, int4, Zen 4:
- * 46.7 -> 33.3 ms); the arithmetic stays float32.
+ * so a long context's step reads half the bytes (int4, Zen 4, bench/context.py: 8 sequences at
+ * 2,000 tokens 43.7 -> 32.7 ms a step); the arithmetic stays float32.
  *
- * AVX2 + FMA only, so one build serves every CPU the library runs on: attention is a small part
- * of a step once its calls are few (0.5 ms of an 11 ms int4 step for one sequence, 1.3 of 17 for
- * 8, at 64 tokens of context), and a 16-lane tile would leave more lanes idle (7 query heads
- * share a KV head on Qwen2.5-0.5B's shape).
+ * AVX2 + FMA (and F16C, which every AVX2 CPU has) only, so one build serves every CPU the
+ * library runs on: attention is a small part of a step once its calls are few (0.5 ms of an
+ * 11 ms int4 step for one sequence, 1.3 of 17 for 8, at 64 tokens of context), and a 16-lane
+ * tile would leave more lanes idle (7 query heads share a KV head on Qwen2.5-0.5B's shape).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -122,8 +122,9 @@ TARGET static void store_row(const Attention *a, const float *x, void *to) {
 TARGET static const float *float_rows(const Attention *a, const void *from, int64_t n,
                                       float *buffer) {
   if (!a->half) return from;
+  const uint16_t *halves = from;
   for (int64_t i = 0; i < n * a->dim; i += 8)
-    _mm256_storeu_ps(buffer + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)from + i))));
+    _mm256_storeu_ps(buffer + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(halves + i))));
   return buffer;
 }
 
@@ -188,7 +189,10 @@ TARGET static void score(const Tile *t, const Attention *a, const void *keys, in
 
 /* 8 dims of a cached value, as floats. */
 TARGET static inline __m256 value8(const void *values, int64_t at, const int half) {
-  if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)values + at)));
+  if (half) {
+    const uint16_t *halves = values;
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(halves + at)));
+  }
   return _mm256_loadu_ps((const float *)values + at);
 }
 
