@@ -103,7 +103,7 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         prefix_cache_mb=settings.engine_prefix_cache_mb,
         arrival_wait_ms=settings.engine_arrival_wait_ms,
         int4_kernel=library,
-        half_kv_cache=settings.engine_kv_cache_dtype == "float16",
+        kv_cache_dtype=settings.engine_kv_cache_dtype,
     )
     return await to_thread.run_sync(load_engines, settings.models, config)
 

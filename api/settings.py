@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, field_validator
 
+from api.engine.protocol import KvCacheDtype
 from billing.settings import BillingSettings
 
 
@@ -49,11 +48,12 @@ class ApiSettings(BillingSettings):
     # decoding, but each process holds its own copy where processes on one host would share the
     # model file's pages; false shares them.
     engine_huge_pages: bool = True
-    # The KV cache's element type. float16 halves its memory and what attention reads a step (8
-    # streams at 2,000 tokens of context decode ~1.3x faster on 2 cores) at a small cost in
-    # exactness (tests/engine/test_half_cache.py bounds it); it applies where every attention
-    # runs on our op (the int4 kernel's library), and float32 is kept elsewhere.
-    engine_kv_cache_dtype: Literal["float32", "float16"] = "float32"
+    # The KV cache's element type where every attention runs on our op (the int4 kernel's
+    # library; float32 elsewhere). float16 halves its memory and what attention reads a step (8
+    # streams at 2,000 tokens of context decode ~1.3x faster on 2 cores) at float16's rounding
+    # of each key and value (tests/engine/test_half_cache.py bounds it); "auto" takes it for
+    # quantized exports, whose weights already trade exactness, and keeps fp32 exports exact.
+    engine_kv_cache_dtype: KvCacheDtype = "auto"
 
     @field_validator("model_prices")
     @classmethod

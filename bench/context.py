@@ -142,7 +142,7 @@ def main() -> int:
                 cache_dir=default_cache_dir(),
                 int4_kernel=kernel,
                 attention_kernel=ours,
-                half_cache=half,
+                kv_cache_dtype="float16" if half else "float32",
             )
             if not models[label].spec.shared_kv:
                 print(f"{path}: the engine does not serve this graph with fused attention")

@@ -22,6 +22,7 @@ from api.engine.protocol import (
     EngineStats,
     GenerationOutput,
     GenerationRequest,
+    KvCacheDtype,
 )
 from api.engine.scheduler import END, Scheduler, SchedulerLimits
 from api.engine.sequence import Sequence as EngineSequence
@@ -102,7 +103,7 @@ class LocalEngine(EngineClient):
         cache_dir: Path | None = None,
         fused_attention: bool = True,
         int4_kernel: Path | None = None,
-        half_kv_cache: bool = False,
+        kv_cache_dtype: KvCacheDtype = "auto",  # the server's default (ENGINE_KV_CACHE_DTYPE)
     ) -> None:
         if not path.is_dir():
             raise ModelLoadError(f"{path}: not a directory (expected an Optimum ONNX export)")
@@ -114,7 +115,7 @@ class LocalEngine(EngineClient):
             cache_dir=cache_dir,
             fuse_attention=fused_attention,
             int4_kernel=int4_kernel,
-            half_cache=half_kv_cache,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.tokenizer = TokenizerWrapper.from_file(path / TOKENIZER_FILE)
         self.chat_template = load_chat_template(path)

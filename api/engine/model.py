@@ -31,6 +31,7 @@ from api.engine.int8_matmul import use_int8_kernel
 from api.engine.last_logits import EDIT_TAG, slice_last_position
 from api.engine.merged_projections import merge_projections
 from api.engine.ort_cache import open_session
+from api.engine.protocol import KvCacheDtype
 from api.engine.swiglu import fold_swiglu
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,9 @@ FUSED_TAG = "gqa-rope-v3+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
 INT8_KERNEL_TAG = "int8-kernel-v2+residual"
 ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
-HALF_CACHE_TAG = "half-kv-cache"
+KV_CACHE_TAG = "kv-cache"  # + the asked type, where it is not float32
+
+_QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "Int4MatMul", "Int8MatMul"}
 
 
 def _graph_source(
@@ -184,7 +187,7 @@ def _graph_source(
     int4_kernel: bool,
     int8_kernel: bool,
     attention_kernel: bool,
-    half_cache: bool = False,
+    kv_cache_dtype: KvCacheDtype = "float32",
 ) -> str | bytes:
     """The graph for ONNX Runtime: edited to compute last-position logits (`last_logits.py`);
     when `fuse`, to use fused attention over a shared cache (`fused_attention.py`) and one
@@ -193,7 +196,7 @@ def _graph_source(
     activation in it (`swiglu.py`), and when
     `int8_kernel`, dynamically quantized int8 ones (`int8_matmul.py`), and when
     `attention_kernel`, the fused attention with our op (`attention_kernel.py`), over a float16
-    cache when `half_cache`: where each edit applies. Else the file as exported."""
+    cache as `kv_cache_dtype` asks: where each edit applies. Else the file as exported."""
     import onnx
 
     try:
@@ -211,7 +214,8 @@ def _graph_source(
         ours = True
     if fused and attention_kernel and use_attention_kernel(proto) > 0:
         ours = True
-        if half_cache:
+        quantized = any(node.op_type in _QUANTIZED_OPS for node in proto.graph.node)
+        if kv_cache_dtype == "float16" or (kv_cache_dtype == "auto" and quantized):
             use_half_cache(proto)
     return proto.SerializeToString() if sliced or fused or ours else str(model_file)
 
@@ -262,14 +266,14 @@ class OnnxCausalLM:
         fuse_attention: bool = True,
         int4_kernel: Path | None = None,
         attention_kernel: bool = True,
-        half_cache: bool = False,
+        kv_cache_dtype: KvCacheDtype = "float32",
     ) -> None:
         """`int4_kernel`: our op library (`int4_kernel.preferred_library()`), or None to run
         int4 graphs with ONNX Runtime's `MatMulNBits`. With it, dynamically quantized int8
         projections run on its int8 op too where that is faster (`int8_matmul.py`), and fused
         attention on its attention op unless `attention_kernel` is False (`bench/context.py`
-        compares the two), where `half_cache` keeps the KV cache in float16 (`use_half_cache`:
-        only when every attention of the graph is ours; `spec.kv_dtype` says what was built)."""
+        compares the two), over a KV cache of `kv_cache_dtype` (`KvCacheDtype`; `spec.kv_dtype`
+        says what was built)."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -287,14 +291,15 @@ class OnnxCausalLM:
                 int4_kernel=int4_kernel is not None,
                 int8_kernel=int8_kernel,
                 attention_kernel=attention_kernel and int4_kernel is not None,
-                half_cache=half_cache,
+                kv_cache_dtype=kv_cache_dtype,
             )
             tag = f"{EDIT_TAG}+{FUSED_TAG}" if fuse_attention else EDIT_TAG
             tag += f"+{INT4_KERNEL_TAG}" if int4_kernel is not None else ""
             tag += f"+{INT8_KERNEL_TAG}" if int8_kernel else ""
             own_attention = fuse_attention and attention_kernel and int4_kernel is not None
             tag += f"+{ATTENTION_KERNEL_TAG}" if own_attention else ""
-            tag += f"+{HALF_CACHE_TAG}" if own_attention and half_cache else ""
+            if own_attention and kv_cache_dtype != "float32":
+                tag += f"+{KV_CACHE_TAG}-{kv_cache_dtype}"
         else:
             load, tag, int4_kernel = partial(str, model_file), "as exported", None
         try:
@@ -315,7 +320,7 @@ class OnnxCausalLM:
             log.info("%s loaded; our ops' weights on 2 MB pages, process-wide: %.0f MB", path, held)
         self.last_position_only = _last_position_only(self.session)
         self.spec = _inspect(self.session, model_file, self.config)
-        if half_cache and self.spec.kv_dtype != np.float16:
+        if kv_cache_dtype == "float16" and self.spec.kv_dtype != np.float16:
             log.warning(
                 "%s: a float16 KV cache needs our attention op on every layer; its cache stays %s",
                 path,

@@ -13,6 +13,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+# The KV cache's element type: float16 where every attention is ours (`use_half_cache` in
+# attention_kernel.py), float32 otherwise; "auto": float16 for quantized exports (int4, int8),
+# whose weights already trade exactness, float32 for the rest, which stay exact.
+KvCacheDtype = Literal["auto", "float32", "float16"]
+
 FinishReason = Literal["stop", "length"]
 
 

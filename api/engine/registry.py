@@ -14,7 +14,7 @@ from pathlib import Path
 from api.engine.engine import LocalEngine
 from api.engine.errors import ModelLoadError
 from api.engine.ort_cache import default_cache_dir
-from api.engine.protocol import EngineClient
+from api.engine.protocol import EngineClient, KvCacheDtype
 from api.engine.scheduler import SchedulerLimits
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ class EngineConfig:
     prefix_cache_mb: int = 256  # finished conversations' keys/values, per model (0: none)
     arrival_wait_ms: float = 50.0  # an idle batch's wait for requests on their way (0: none)
     int4_kernel: Path | None = None  # our int4 op's library (int4_kernel.py); None: ORT's
-    half_kv_cache: bool = False  # a float16 KV cache, where our attention op runs every layer
+    kv_cache_dtype: KvCacheDtype = "auto"  # the KV cache's element type (protocol.KvCacheDtype)
 
     @property
     def limits(self) -> SchedulerLimits:
@@ -81,7 +81,7 @@ def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, Eng
             cache_dir=config.cache_dir,
             fused_attention=config.fused_attention,
             int4_kernel=config.int4_kernel,
-            half_kv_cache=config.half_kv_cache,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         for model_id, path in parse_models_spec(spec)
     }

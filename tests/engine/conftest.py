@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from api.engine.engine import LocalEngine
 from api.engine.int4_kernel import default_library, runs_here
 from api.engine.ort_cache import MODEL_FILE
-from api.engine.protocol import GenerationOutput, GenerationRequest, SamplingParams
+from api.engine.protocol import GenerationOutput, GenerationRequest, KvCacheDtype, SamplingParams
 from api.engine.quantize import Int4Config, quantize_int4, quantize_int8
 from api.engine.scheduler import SchedulerLimits
 from api.engine.sequence import Sequence
@@ -203,7 +203,7 @@ def make_engine(
     cache_dir: Path | None = None,
     fused_attention: bool = True,
     int4_kernel: Path | None = None,
-    half_kv_cache: bool = False,
+    kv_cache_dtype: KvCacheDtype = "float32",
     **limits: Any,
 ) -> LocalEngine:
     return LocalEngine(
@@ -214,7 +214,7 @@ def make_engine(
         cache_dir=cache_dir,
         fused_attention=fused_attention,
         int4_kernel=int4_kernel,
-        half_kv_cache=half_kv_cache,
+        kv_cache_dtype=kv_cache_dtype,
     )
 
 

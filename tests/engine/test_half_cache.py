@@ -91,7 +91,7 @@ def test_a_served_model_decodes_from_a_half_cache(tiny_exports, library) -> None
     """Rows join and leave at different steps and a prompt is prefilled in chunks of 7, as in
     the float32 cache's exactness tests; greedy tokens agree with the float32 cache's."""
     path = tiny_exports["llama"].path
-    half = make_engine(path, int4_kernel=library, half_kv_cache=True, max_prefill_tokens=7)
+    half = make_engine(path, int4_kernel=library, kv_cache_dtype="float16", max_prefill_tokens=7)
     full = make_engine(path, int4_kernel=library, max_prefill_tokens=7)
     assert half.model.spec.kv_dtype == np.float16
     plan = {0: [greedy("a", list(range(3, 8)), 20)], 2: [greedy("b", list(range(40, 57)), 14)]}
@@ -118,8 +118,8 @@ def test_a_served_model_decodes_from_a_half_cache(tiny_exports, library) -> None
 def test_a_next_turn_starts_from_its_half_cached_keys(tiny_exports, library) -> None:
     """The prefix cache keeps float16 keys and values, and a next turn reads them back."""
     path = tiny_exports["llama"].path
-    engine = make_engine(path, int4_kernel=library, half_kv_cache=True)
-    fresh = make_engine(path, int4_kernel=library, half_kv_cache=True, prefix_cache_bytes=0)
+    engine = make_engine(path, int4_kernel=library, kv_cache_dtype="float16")
+    fresh = make_engine(path, int4_kernel=library, kv_cache_dtype="float16", prefix_cache_bytes=0)
     outputs, _ = run_steps(engine, {0: [scoped(greedy("t1", FIRST_PROMPT, 10), "a")]})
     second = scoped(greedy("t2", [*FIRST_PROMPT, *token_ids(outputs["t1"]), *FOLLOW_UP], 8), "a")
     answer, _ = run_steps(engine, {0: [second]})
@@ -128,30 +128,49 @@ def test_a_next_turn_starts_from_its_half_cached_keys(tiny_exports, library) -> 
     assert token_ids(answer["t2"]) == token_ids(expected["t2"])
 
 
+def test_auto_halves_the_cache_of_a_quantized_export_and_keeps_fp32_exact(
+    int4_export: Path, tied_export: Path, library: Path
+) -> None:
+    """The API's default: an int4 export's weights already trade exactness, an fp32 export's
+    cache stays float32 so that it still decodes transformers' tokens."""
+    int4 = OnnxCausalLM(int4_export, threads=1, int4_kernel=library, kv_cache_dtype="auto")
+    fp32 = OnnxCausalLM(tied_export, threads=1, int4_kernel=library, kv_cache_dtype="auto")
+    assert (int4.spec.kv_dtype, fp32.spec.kv_dtype) == (np.float16, np.float32)
+
+
 def test_without_our_attention_op_the_cache_stays_float32(tiny_exports, caplog) -> None:
     """Asked for where ONNX Runtime runs attention (no op library): served, float32, and said."""
     with caplog.at_level(logging.WARNING, logger="api.engine.model"):
-        model = OnnxCausalLM(tiny_exports["llama"].path, threads=1, half_cache=True)
+        model = OnnxCausalLM(tiny_exports["llama"].path, threads=1, kv_cache_dtype="float16")
     assert model.spec.kv_dtype == np.float32
     assert "float16 KV cache needs our attention op" in caplog.text
 
 
-@pytest.mark.anyio
-async def test_the_operator_s_setting_reaches_the_served_cache(
-    library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`ENGINE_KV_CACHE_DTYPE=float16` in the environment: the API serves from a float16 cache;
-    a type it does not know is refused by name when the settings load."""
-    monkeypatch.setenv("ENGINE_KV_CACHE_DTYPE", "float16")
-    settings = ApiSettings(
+def settings_from_environment(tmp_path: Path) -> ApiSettings:
+    return ApiSettings(
         _env_file=None,  # type: ignore[call-arg]
         secret_key=TEST_SECRET_KEY,
         secret_file=tmp_path / "secret",
         models=f"demo={DEMO_DIR}",
         engine_cache_dir=str(tmp_path / "onnx-cache"),
     )
-    engines = await _load_models(settings)
+
+
+@pytest.mark.anyio
+async def test_the_operator_s_setting_reaches_the_served_cache(
+    library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ENGINE_KV_CACHE_DTYPE=float16` in the environment: the API serves the (fp32) demo model
+    from a float16 cache; unset, "auto" keeps it float32; a type it does not know is refused by
+    name when the settings load."""
+    monkeypatch.setenv("ENGINE_KV_CACHE_DTYPE", "float16")
+    engines = await _load_models(settings_from_environment(tmp_path))
     assert engines["demo"].model.spec.kv_dtype == np.float16  # type: ignore[attr-defined]
+    monkeypatch.delenv("ENGINE_KV_CACHE_DTYPE")
+    settings = settings_from_environment(tmp_path)
+    assert settings.engine_kv_cache_dtype == "auto"
+    engines = await _load_models(settings)
+    assert engines["demo"].model.spec.kv_dtype == np.float32  # type: ignore[attr-defined]
     monkeypatch.setenv("ENGINE_KV_CACHE_DTYPE", "bfloat16")
     with pytest.raises(ValidationError, match="engine_kv_cache_dtype"):
-        ApiSettings(_env_file=None, secret_key=TEST_SECRET_KEY)  # type: ignore[call-arg]
+        settings_from_environment(tmp_path)
