@@ -176,6 +176,8 @@ INT8_KERNEL_TAG = "int8-kernel-v2+residual"
 ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
 KV_CACHE_TAG = "kv-cache"  # + the asked type, where it is not float32
 
+# The projections of an int4 or int8 export, before and after our kernels' edits: such a graph
+# takes a float16 KV cache under ENGINE_KV_CACHE_DTYPE=auto.
 _QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "Int4MatMul", "Int8MatMul"}
 
 
