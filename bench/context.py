@@ -135,7 +135,7 @@ def main() -> int:
             kernels.items(), ATTENTION[args.attention].items(), KV_CACHE[args.kv_cache].items()
         ):
             label = f"{path.name}{name}{attention + cache if kernel is not None else ''}"
-            if half and not ours:  # ONNX Runtime's attention takes a float32 cache only
+            if half and (not ours or kernel is None):  # ONNX Runtime's attention: float32 only
                 continue
             models[label] = OnnxCausalLM(
                 path,
