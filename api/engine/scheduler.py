@@ -136,9 +136,12 @@ class Scheduler:
             self._cond.notify()
 
     def counts(self) -> tuple[int, int]:
-        """(admitted: prefilling or decoding, still queued)."""
+        """(admitted: prefilling or decoding, still queued). A sequence whose last token went
+        out is not counted while `step` copies its keys/values before dropping it."""
         with self._cond:
-            return len(self._batch.seqs) + len(self._prefilling), len(self._waiting)
+            leaving = sum(1 for s in self._batch.seqs if s.finished or s.aborted)
+            admitted = len(self._batch.seqs) - leaving + len(self._prefilling)
+            return admitted, len(self._waiting)
 
     @property
     def expected(self) -> int:
@@ -212,9 +215,11 @@ class Scheduler:
         self._deliver(deliveries)
         self._prefill_within_budget()
         if self._batch.seqs:
-            decoded = self._decode()
+            # Tokens go out before the finished sequences' keys/values are copied into the
+            # prefix cache: 8 streams ending together waited 9 ms for those copies. A next turn
+            # still finds them, since it is admitted by a later step of this thread.
+            self._deliver(self._decode())
             self._filter()
-            self._deliver(decoded)
 
     def _admit(self) -> list[Sequence]:
         """Pop queued requests while there is room in the batch (caller holds the lock)."""
