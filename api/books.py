@@ -4,6 +4,7 @@ arrive together share a commit (`billing.group_commit`)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class Books:
     hold_ttl: timedelta
     key_cache_seconds: float
     _key_cache: dict[str, tuple[float, KeyIdentity]] = field(default_factory=dict)
+    _key_lookups: dict[str, asyncio.Future[KeyIdentity]] = field(default_factory=dict)
     _writes: GroupCommit = field(init=False)
 
     def __post_init__(self) -> None:
@@ -56,6 +58,15 @@ class Books:
         cached = self._key_cache.get(digest)
         if cached and cached[0] > time.monotonic():
             return cached[1]
+        lookup = self._key_lookups.get(digest)
+        if lookup is None:  # requests that arrive together with one key share one read
+            lookup = asyncio.ensure_future(self._look_up_key(key, digest))
+            self._key_lookups[digest] = lookup
+            lookup.add_done_callback(lambda _: self._key_lookups.pop(digest, None))
+            lookup.add_done_callback(_read_error)
+        return await asyncio.shield(lookup)  # a cancelled request leaves it to the others
+
+    async def _look_up_key(self, key: str, digest: str) -> KeyIdentity:
         identity = await self._run(lambda s: keys.authenticate(session=s, key=key), write=False)
         self._key_cache[digest] = (time.monotonic() + self.key_cache_seconds, identity)
         return identity
@@ -128,3 +139,9 @@ class Books:
         reader gets through while another connection holds the database locked), because
         serving needs to write: a database that only reads is not ready."""
         await self._run(lambda s: s.execute(text("SELECT 1")), write=True)
+
+
+def _read_error(lookup: asyncio.Future[KeyIdentity]) -> None:
+    """Take a failed lookup's error, so none is reported unread when its requests are gone."""
+    if not lookup.cancelled():
+        lookup.exception()

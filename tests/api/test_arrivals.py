@@ -6,10 +6,14 @@ prefill from an idle batch sit out the engine's whole wait."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
+import httpx
 import openai
 import pytest
+from sqlalchemy import event as sql_event
 
 from api.engine.protocol import EngineClient, GenerationOutput, GenerationRequest
 from tests.api.conftest import DEMO_MODEL
@@ -89,3 +93,27 @@ def test_every_request_on_its_way_arrives_or_is_called_off(start_server, make_fu
     closed = {n: watched.log.index(("arrived", n)) for n in watched.first_arrivals()}
     assert len(submitted) == 4  # the refused request was submitted, then turned away
     assert all(closed[n] > submitted[i] for i, n in enumerate((1, 2, 3, 6)))
+
+
+@pytest.mark.anyio
+async def test_a_burst_with_one_key_reads_that_key_once(server, api_key) -> None:
+    """Eight requests with a key the server has not seen yet (its balance, say, asked by eight
+    workers at once): one database read answers them all (the read is slowed down here so that
+    every request arrives while it runs)."""
+    lookups: list[str] = []
+
+    def slow_key_read(_conn, _cursor, statement: str, *_args) -> None:
+        if "FROM api_key" in statement:
+            lookups.append(statement)
+            time.sleep(0.3)
+
+    sql_event.listen(server.services.db, "before_cursor_execute", slow_key_read)
+    try:
+        async with httpx.AsyncClient(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {api_key}"}
+        ) as client:
+            answers = await asyncio.gather(*(client.get("/key") for _ in range(8)))
+    finally:
+        sql_event.remove(server.services.db, "before_cursor_execute", slow_key_read)
+    assert [a.status_code for a in answers] == [200] * 8
+    assert len(lookups) == 1
