@@ -22,14 +22,14 @@ Figures: one-stream decode tokens/s (tokens 2..N over the time since token 1); a
 tokens/s for 4, 8, 16 concurrent streams (all tokens over the wall time); time to first token for
 a 512-token prompt, idle and while 8 streams decode, and (ours over HTTP) for the next turn of a
 conversation that began with it; every other HTTP prompt is unique, so none starts from the
-server's prefix cache (the run fails if one does); the peak RSS of the serving process; and
-the floor, bandwidth / weight bytes read per token (every initializer a node reads, an embedding
-one row; the bandwidth is the median of readings before the rounds and after each). Each
-figure is the median over `--rounds` rounds, and the peers are interleaved within each round,
-because this shared 2-core machine drifts by tens of percent over minutes: only ratios inside
-one run mean much. The 8-stream burst runs `BUSY_PAIRS` times a round, each peer's right after
-the others', and HTTP against direct is judged on the median of those pairs' ratios. Prints one
-markdown table, writes bench/compare.png and bench/out/compare/results.json.
+server's prefix cache (the run fails if one does); the peak RSS of the serving process once
+loaded; and the floor, bandwidth / weight bytes read per token (every initializer a node reads,
+an embedding one row; the bandwidth is the median of readings before the rounds and after
+each). Each figure is the median over `--rounds` rounds, and the peers are interleaved within
+each round, because this shared 2-core machine drifts by tens of percent over minutes: only
+ratios inside one run mean much. The 8-stream burst runs `BUSY_PAIRS` times a round, each
+peer's right after the others', and HTTP against direct is judged on the median of those pairs'
+ratios. Prints one markdown table, writes bench/compare.png and bench/out/compare/results.json.
 """
 
 from __future__ import annotations
@@ -262,11 +262,20 @@ def bytes_per_token(model_file: Path) -> int:
 
 
 def peak_rss_mb(pid: int) -> float:
-    """VmHWM: the most resident memory the process has had."""
+    """VmHWM: the most resident memory the process has had (since `forget_peak_rss`)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def forget_peak_rss(pid: int) -> None:
+    """Start VmHWM again from the current RSS (Linux 4.0+), so the peak is serving's, not
+    loading's: a model whose optimized graph is not cached yet is optimized at load, which
+    held twice the weights (the HTTP server, started first, read 3392 MB int4 against the
+    direct worker's 555 on a fresh machine)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 class Worker:
@@ -892,6 +901,7 @@ def main() -> int:
     try:
         peers = make_peers(args, PLAN, exports, genai, closers)
         for peer in peers:
+            forget_peak_rss(peer.pid)
             path = genai[peer.precision] if peer.engine == "genai" else exports[peer.precision]
             files = sorted(path.glob("*.onnx"))
             peer.floor_bytes = bytes_per_token(files[0])
