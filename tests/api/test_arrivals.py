@@ -2,7 +2,8 @@
 tells the engine the request is on its way, so an idle engine can wait for a burst's stragglers
 and prefill their prompts in one call. Every such notice must be closed once the request is
 submitted or turned away, whatever turned it away: a notice left open would make every later
-prefill from an idle batch sit out the engine's whole wait."""
+prefill from an idle batch sit out the engine's whole wait. And a burst's requests that carry one
+key the server has not cached share one read of it."""
 
 from __future__ import annotations
 
