@@ -109,7 +109,8 @@ def main() -> int:
         "--kv-cache",
         choices=tuple(KV_CACHE),
         default="float32",
-        help="the KV cache's type where our attention op runs (default: float32, as served)",
+        help="the KV cache's type where our attention op runs (default: float32; the server's "
+        "`auto` takes float16 for int8 and int4 exports)",
     )
     parser.add_argument(
         "--library",
