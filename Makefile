@@ -5,33 +5,33 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test bot migrate lint demo-model int4-kernel clean
+.PHONY: run test test-fast bot migrate lint demo-model ops clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # Serving needs no torch; the marker files make re-runs instant.
-$(VENV)/.run-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.run-installed: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
 # torch is pinned and installed first, alone, so nothing pulls another build.
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+$(VENV)/.dev-installed: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,export]'
 	touch $@ $(VENV)/.run-installed
 
-# Our int4 kernel (api/engine/int4_build.py): built when a C compiler and ONNX Runtime's C
-# header can be had, else serving keeps ONNX Runtime's kernel. INT4_BUILD_FLAGS=--require fails
-# instead (CI).
-INT4_LIBRARY := $(VENV)/lib/tokenshop/libtokenshop_int4.so
-$(INT4_LIBRARY): $(wildcard api/engine/csrc/*.c api/engine/csrc/*.h) | $(VENV)/.run-installed
-	$(BIN)/python -m api.engine.int4_build $(INT4_BUILD_FLAGS)
+# Our ops library (api/engine/ops/build.py): installing the package compiles it; this rebuilds
+# it after a change to its sources. Without a C compiler serving keeps ONNX Runtime's kernels;
+# TOKENSHOP_REQUIRE_OPS=1 fails instead (CI).
+OPS_LIBRARY := api/engine/ops/libtokenshop_ops.so
+$(OPS_LIBRARY): $(wildcard api/engine/ops/csrc/*.c api/engine/ops/csrc/*.h) | $(VENV)/.run-installed
+	$(BIN)/python -m api.engine.ops.build
 
-int4-kernel: $(INT4_LIBRARY)
+ops: $(OPS_LIBRARY)
 
-migrate: $(VENV)/.run-installed $(INT4_LIBRARY)
+migrate: $(VENV)/.run-installed $(OPS_LIBRARY)
 	$(BIN)/alembic upgrade head
 
 run: migrate
@@ -40,7 +40,7 @@ run: migrate
 bot: migrate
 	$(BIN)/tokenshop bot
 
-test: $(VENV)/.dev-installed $(INT4_LIBRARY)
+test: $(VENV)/.dev-installed $(OPS_LIBRARY)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev-installed

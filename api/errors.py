@@ -16,13 +16,13 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.engine.chat_template import ChatTemplateError
 from api.engine.errors import (
     ContextLengthExceeded,
     EngineDead,
     EngineError,
     EngineOverloaded,
 )
+from api.engine.text.chat_template import ChatTemplateError
 from api.protocol import ErrorBody, ErrorResponse
 from billing.errors import (
     BillingError,

@@ -87,7 +87,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
 
 
 async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
-    from api.engine.int4_kernel import preferred_library, use_huge_pages
+    from api.engine.ops.library import preferred_library, use_huge_pages
     from api.engine.registry import EngineConfig, load_engines
 
     library = preferred_library() if settings.engine_int4_kernel else None
@@ -102,14 +102,14 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         fused_attention=settings.engine_fused_attention,
         prefix_cache_mb=settings.engine_prefix_cache_mb,
         arrival_wait_ms=settings.engine_arrival_wait_ms,
-        int4_kernel=library,
+        ops_library=library,
         kv_cache_dtype=settings.engine_kv_cache_dtype,
     )
     return await to_thread.run_sync(load_engines, settings.models, config)
 
 
 def _engine_cache_dir(setting: str | None) -> Path | None:
-    from api.engine.ort_cache import default_cache_dir
+    from api.engine.model.session_cache import default_cache_dir
 
     if setting is None:
         return default_cache_dir()

@@ -33,25 +33,25 @@ class ApiSettings(BillingSettings):
     # None: $XDG_CACHE_HOME/tokenshop/onnx; "": keep none.
     engine_cache_dir: str | None = None
     # Serve attention as ONNX Runtime's GroupQueryAttention over one preallocated KV buffer where
-    # the graph allows (api/engine/fused_attention.py); false serves every graph as exported.
+    # the graph allows (api/engine/graph/fused_attention.py); false serves every graph as exported.
     engine_fused_attention: bool = True
     # MB per model of finished conversations' keys/values, so a chat's next turn prefills only
-    # its new tokens (api/engine/prefix_cache.py); 0 keeps none.
+    # its new tokens (api/engine/runtime/prefix_cache.py); 0 keeps none.
     engine_prefix_cache_mb: int = Field(default=256, ge=0)
     # How long an idle engine may wait for requests whose holds are being placed, so that
-    # requests sent together are prefilled together (api/engine/scheduler.py); 0: never waits.
+    # requests sent together are prefilled together (engine/runtime/scheduler.py); 0: never waits.
     engine_arrival_wait_ms: float = Field(default=50.0, ge=0)
     # Run int4 projections with our kernel where it is built and this CPU is one it was made
-    # for (api/engine/int4_kernel.py); false keeps ONNX Runtime's MatMulNBits everywhere.
+    # for (api/engine/graph/int4_matmul.py); false keeps ONNX Runtime's MatMulNBits everywhere.
     engine_int4_kernel: bool = True
-    # Serve our ops' weights from copies on 2 MB pages (api/engine/csrc/int4_matmul.c): faster
+    # Serve our ops' weights from copies on 2 MB pages (api/engine/ops/csrc/int4_matmul.c): faster
     # decoding, but each process holds its own copy where processes on one host would share the
     # model file's pages; false shares them.
     engine_huge_pages: bool = True
     # The KV cache's element type where every attention runs on our op (the int4 kernel's
     # library; float32 elsewhere). float16 halves its memory and what attention reads a step (8
     # streams at 2,000 tokens of context decode ~1.3x faster on 2 cores) at float16's rounding
-    # of each key and value (tests/engine/test_half_cache.py bounds it); "auto" takes it for
+    # of each key and value (tests/engine/model/test_half_cache.py bounds it); "auto" takes it for
     # quantized exports, whose weights already trade exactness, and keeps fp32 exports exact.
     engine_kv_cache_dtype: KvCacheDtype = "auto"
 

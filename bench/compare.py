@@ -59,9 +59,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.engine.engine import TOKENIZER_FILE, load_chat_template  # noqa: E402
+from api.engine.local_engine import TOKENIZER_FILE, load_chat_template  # noqa: E402
 from api.engine.protocol import ChatMessage  # noqa: E402
-from api.engine.tokenizer import TokenizerWrapper  # noqa: E402
+from api.engine.text.tokenizer import TokenizerWrapper  # noqa: E402
 from bench.engine import OUT, build_source, prompt  # noqa: E402
 from bench.sse_client import SseClient  # noqa: E402
 

@@ -21,10 +21,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.engine.engine import LocalEngine  # noqa: E402
-from api.engine.int4_kernel import preferred_library  # noqa: E402
-from api.engine.model import OnnxCausalLM  # noqa: E402
-from api.engine.ort_cache import default_cache_dir  # noqa: E402
+from api.engine.local_engine import LocalEngine  # noqa: E402
+from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
+from api.engine.model.session_cache import default_cache_dir  # noqa: E402
+from api.engine.ops.library import preferred_library  # noqa: E402
 from bench.engine import (  # noqa: E402
     bare_loop,
     engine_streams,
@@ -69,7 +69,7 @@ async def serve(path: Path, *, bare: bool) -> None:
     # Default limits, the default graph cache and int4 kernel, as the server's.
     cache = default_cache_dir()
     kernel = preferred_library()
-    engine = None if bare else LocalEngine("bench", path, cache_dir=cache, int4_kernel=kernel)
+    engine = None if bare else LocalEngine("bench", path, cache_dir=cache, ops_library=kernel)
     model = plain_model(path, None, cache) if bare else None
     if engine is not None:
         await engine.start()

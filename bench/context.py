@@ -31,10 +31,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.engine.fused_attention import SEQLENS, TOTAL  # noqa: E402
-from api.engine.int4_kernel import default_library, preferred_library  # noqa: E402
-from api.engine.model import OnnxCausalLM  # noqa: E402
-from api.engine.ort_cache import default_cache_dir  # noqa: E402
+from api.engine.graph.fused_attention import SEQLENS, TOTAL  # noqa: E402
+from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
+from api.engine.model.session_cache import default_cache_dir  # noqa: E402
+from api.engine.ops.library import default_library, preferred_library  # noqa: E402
 from bench.engine import OUT  # noqa: E402
 
 STEPS = 30
@@ -125,7 +125,7 @@ def main() -> int:
     else:
         kernels = _kernels(args.int4_kernel)
     if kernels is None:
-        print("the int4 kernel is not built: run `python -m api.engine.int4_build`")
+        print("the int4 kernel is not built: run `python -m api.engine.ops.build`")
         return 1
     models: dict[str, OnnxCausalLM] = {}
     for path in args.model:
@@ -141,7 +141,7 @@ def main() -> int:
             models[label] = OnnxCausalLM(
                 path,
                 cache_dir=default_cache_dir(),
-                int4_kernel=kernel,
+                ops_library=kernel,
                 attention_kernel=ours,
                 kv_cache_dtype="float16" if half else "float32",
             )

@@ -44,11 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, os.environ.get("BENCH_ENGINE_ROOT", str(ROOT)))
 
-from api.engine.engine import LocalEngine  # noqa: E402
-from api.engine.int4_kernel import preferred_library  # noqa: E402
-from api.engine.model import OnnxCausalLM  # noqa: E402
+from api.engine.local_engine import LocalEngine  # noqa: E402
+from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
+from api.engine.ops.library import preferred_library  # noqa: E402
 from api.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
-from api.engine.scheduler import SchedulerLimits  # noqa: E402
+from api.engine.runtime.scheduler import SchedulerLimits  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
 EXPORT_DIR = OUT / "qwen2.5-0.5b-shape"
@@ -325,7 +325,7 @@ def served_engine(path: Path, threads: int | None) -> LocalEngine:
         path,
         limits=SchedulerLimits(max_active_sequences=16),
         threads=threads,
-        int4_kernel=preferred_library(),
+        ops_library=preferred_library(),
     )
 
 

@@ -26,7 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.engine.int4_kernel import default_library, use_int4_kernel  # noqa: E402
+from api.engine.graph.int4_matmul import use_int4_kernel  # noqa: E402
+from api.engine.ops.library import default_library  # noqa: E402
 
 SHAPES = {"qkv": (896, 1152), "o": (896, 896), "gate+up": (896, 9728), "down": (4864, 896)}
 BLOCK = 128
@@ -93,7 +94,7 @@ def main() -> int:
     args = parser.parse_args()
     missing = [p for p in args.library if not p.is_file()]
     if missing:
-        print(f"no library at {missing[0]}: run `python -m api.engine.int4_build`")
+        print(f"no library at {missing[0]}: run `python -m api.engine.ops.build`")
         return 1
     isas = [i for i in args.isa.split(",") if i]
     kernels: dict[str, tuple[Path | None, str]] = {"ORT MatMulNBits": (None, "default")}

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.engine.prefix_cache import PrefixCache  # noqa: E402
+from api.engine.runtime.prefix_cache import PrefixCache  # noqa: E402
 
 HEAD = list(range(20))
 SIZES = {"Qwen2.5-0.5B (24.6 KB a token)": 24_576, "demo model (512 B a token)": 512}

@@ -7,7 +7,7 @@ variants under bench/out/ (kept between runs), then times a bare ONNX Runtime gr
 interleaved round by round (the shared 2-core machine drifts by tens of percent over minutes), and
 prints the median, min and max tokens/s per variant (`bench/context.py --model DIR ...` times
 the variants' dirs as the engine runs them, at 1 and 8 sequences). Divergence from fp32 is
-measured on tiny models by `tests/engine/test_quantize.py` (a random 0.5B model has near-flat
+measured on tiny models by `tests/engine/export/test_quantize.py` (a random 0.5B model has near-flat
 logits: its greedy agreement would measure noise).
 """
 
@@ -25,8 +25,8 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.engine.model import OnnxCausalLM  # noqa: E402
-from api.engine.quantize import Int4Config, quantize_int4, quantize_int8  # noqa: E402
+from api.engine.export.quantize import Int4Config, quantize_int4, quantize_int8  # noqa: E402
+from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
 from bench.engine import OUT, build_and_export  # noqa: E402
 
 VARIANTS: dict[str, Int4Config | str | None] = {

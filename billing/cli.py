@@ -98,8 +98,8 @@ def export_model(
     ] = None,
 ) -> None:
     """Export a model to ONNX for serving (needs the `export` extra)."""
-    from api.engine.export import ExportFailed, ExportUnavailable
-    from api.engine.export import export_model as export
+    from api.engine.export.exporter import ExportFailed, ExportUnavailable
+    from api.engine.export.exporter import export_model as export
 
     try:
         result = export(source, out, quantize, progress=lambda line: typer.echo(line, err=True))

@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.engine.engine import LocalEngine
 from api.engine.errors import ModelLoadError
-from api.engine.ort_cache import default_cache_dir
+from api.engine.local_engine import LocalEngine
+from api.engine.model.session_cache import default_cache_dir
 from api.engine.protocol import EngineClient, KvCacheDtype
-from api.engine.scheduler import SchedulerLimits
+from api.engine.runtime.scheduler import SchedulerLimits
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ class EngineConfig:
     fused_attention: bool = True  # GroupQueryAttention over a shared KV buffer, where it applies
     prefix_cache_mb: int = 256  # finished conversations' keys/values, per model (0: none)
     arrival_wait_ms: float = 50.0  # an idle batch's wait for requests on their way (0: none)
-    int4_kernel: Path | None = None  # our int4 op's library (int4_kernel.py); None: ORT's
+    ops_library: Path | None = None  # our ops (`ops/library.py`); None: ONNX Runtime's
     kv_cache_dtype: KvCacheDtype = "auto"  # the KV cache's element type (protocol.KvCacheDtype)
 
     @property
@@ -80,7 +80,7 @@ def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, Eng
             threads=config.threads,
             cache_dir=config.cache_dir,
             fused_attention=config.fused_attention,
-            int4_kernel=config.int4_kernel,
+            ops_library=config.ops_library,
             kv_cache_dtype=config.kv_cache_dtype,
         )
         for model_id, path in parse_models_spec(spec)

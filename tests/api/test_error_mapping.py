@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.engine.chat_template import ChatTemplateError
 from api.engine.errors import ContextLengthExceeded, EngineDead, EngineOverloaded
+from api.engine.text.chat_template import ChatTemplateError
 from api.errors import from_domain
 from billing.errors import IdempotencyConflict, InsufficientBalance, RevokedKey
 

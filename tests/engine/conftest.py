@@ -22,13 +22,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from api.engine.engine import LocalEngine
-from api.engine.int4_kernel import default_library, runs_here
-from api.engine.ort_cache import MODEL_FILE
+from api.engine.export.quantize import Int4Config, quantize_int4, quantize_int8
+from api.engine.local_engine import LocalEngine
+from api.engine.model.session_cache import MODEL_FILE
+from api.engine.ops.library import default_library, runs_here
 from api.engine.protocol import GenerationOutput, GenerationRequest, KvCacheDtype, SamplingParams
-from api.engine.quantize import Int4Config, quantize_int4, quantize_int8
-from api.engine.scheduler import SchedulerLimits
-from api.engine.sequence import Sequence
+from api.engine.runtime.scheduler import SchedulerLimits
+from api.engine.runtime.sequence import Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_DIR = ROOT / "models" / "demo"
@@ -105,11 +105,11 @@ def tied_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def library() -> Path:
     """Our int4/int8 op library. A machine that cannot build it (no compiler, no header) skips
-    the tests that need it, unless TOKENSHOP_REQUIRE_INT4_KERNEL is set, as CI sets it."""
+    the tests that need it, unless TOKENSHOP_REQUIRE_OPS is set, as CI sets it."""
     path = default_library()
     if not runs_here(path):
-        reason = f"{path} is not built for this machine (python -m api.engine.int4_build)"
-        if os.environ.get("TOKENSHOP_REQUIRE_INT4_KERNEL"):
+        reason = f"{path} is not built for this machine (python -m api.engine.ops.build)"
+        if os.environ.get("TOKENSHOP_REQUIRE_OPS", "") not in ("", "0"):
             pytest.fail(reason)
         pytest.skip(reason)
     return path
@@ -178,7 +178,7 @@ def projection_session(
 def served_ops(export: Path, library: Path, cache: Path) -> list[onnx.NodeProto]:
     """The nodes of the graph the engine serves `export` with, on our op library (read from
     ONNX Runtime's optimized-graph cache in `cache`)."""
-    make_engine(export, cache_dir=cache, int4_kernel=library)
+    make_engine(export, cache_dir=cache, ops_library=library)
     (cached,) = cache.glob(f"*/{MODEL_FILE}")
     return list(onnx.load(str(cached), load_external_data=False).graph.node)
 
@@ -202,7 +202,7 @@ def make_engine(
     *,
     cache_dir: Path | None = None,
     fused_attention: bool = True,
-    int4_kernel: Path | None = None,
+    ops_library: Path | None = None,
     kv_cache_dtype: KvCacheDtype = "float32",
     **limits: Any,
 ) -> LocalEngine:
@@ -213,7 +213,7 @@ def make_engine(
         threads=1,
         cache_dir=cache_dir,
         fused_attention=fused_attention,
-        int4_kernel=int4_kernel,
+        ops_library=ops_library,
         kv_cache_dtype=kv_cache_dtype,
     )
 

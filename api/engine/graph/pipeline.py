@@ -1,0 +1,124 @@
+"""The load-time graph edits, in the one order they are applied, and what a served graph got.
+
+An export stays standard on disk; when it is loaded, `edited_graph` rewrites it in memory:
+
+1. `last_logits`: logits for the last position only.
+2. `fused_attention` (ENGINE_FUSED_ATTENTION): each layer's attention becomes ONNX Runtime's
+   `GroupQueryAttention` over one shared KV buffer; then `merged_projections` makes the int4
+   projections that read one tensor a single call.
+3. `int4_matmul` (our ops library; ENGINE_INT4_KERNEL): int4 projections on our `Int4MatMul`,
+   then `swiglu` folds a SwiGLU MLP's activation into it.
+4. `int8_matmul` (our ops library, on CPUs where it is faster): dynamically quantized int8
+   projections on our `Int8MatMul`.
+5. `attention` (our ops library; ENGINE_ATTENTION_KERNEL): the fused attention on our
+   `CachedAttention`, over a float16 cache where ENGINE_KV_CACHE_DTYPE asks (`auto`: for
+   quantized exports).
+
+The names of the edits applied are written into the graph's metadata (`EDITS_KEY`), which ONNX
+Runtime keeps in the optimized graph it caches, so a server reports them on every start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from api.engine.graph.attention import use_attention_kernel, use_half_cache
+from api.engine.graph.fused_attention import fuse_attention
+from api.engine.graph.int4_matmul import use_int4_kernel
+from api.engine.graph.int8_matmul import use_int8_kernel
+from api.engine.graph.last_logits import EDIT_TAG, slice_last_position
+from api.engine.graph.merged_projections import merge_projections
+from api.engine.graph.swiglu import fold_swiglu
+from api.engine.protocol import KvCacheDtype
+
+# Part of the optimized-graph cache key: bump on any change of the fused edits.
+FUSED_TAG = "gqa-rope-v3+merged-int4"
+INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
+INT8_KERNEL_TAG = "int8-kernel-v2+residual"
+ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
+KV_CACHE_TAG = "kv-cache"  # + the asked type, where it is not float32
+REPORT_TAG = "edits-in-metadata"
+EDITS_KEY = "tokenshop.graph_edits"  # metadata: the edits applied, comma-separated, in order
+
+# The projections of an int4 or int8 export, before and after our kernels' edits: such a graph
+# takes a float16 KV cache under ENGINE_KV_CACHE_DTYPE=auto.
+QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "Int4MatMul", "Int8MatMul"}
+# The edits that put a node on our ops library.
+OUR_OP_EDITS = ("int4-matmul", "int8-matmul", "attention")
+
+
+@dataclass(frozen=True)
+class EditPlan:
+    """Which edits to try: each applies only where the graph has what it rewrites."""
+
+    fuse: bool
+    int4_kernel: bool
+    int8_kernel: bool
+    attention_kernel: bool
+    kv_cache_dtype: KvCacheDtype = "float32"
+
+    def cache_tag(self) -> str:
+        """The optimized-graph cache key's part for this plan."""
+        tag = f"{EDIT_TAG}+{REPORT_TAG}"
+        tag += f"+{FUSED_TAG}" if self.fuse else ""
+        tag += f"+{INT4_KERNEL_TAG}" if self.int4_kernel else ""
+        tag += f"+{INT8_KERNEL_TAG}" if self.int8_kernel else ""
+        own_attention = self.fuse and self.attention_kernel
+        tag += f"+{ATTENTION_KERNEL_TAG}" if own_attention else ""
+        if own_attention and self.kv_cache_dtype != "float32":
+            tag += f"+{KV_CACHE_TAG}-{self.kv_cache_dtype}"
+        return tag
+
+
+def can_edit() -> bool:
+    """Whether the `onnx` package, which every edit needs, imports here."""
+    try:
+        import onnx  # noqa: F401 - a runtime dependency; a broken install may lack it
+    except ImportError:
+        return False
+    return True
+
+
+def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> str | bytes:
+    """The graph for ONNX Runtime with every edit of `plan` that applies, in the order above,
+    and their names in its metadata; the file's path where none applies."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(model_file), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a readable graph: ONNX Runtime names the fault later
+        return str(model_file)
+    applied: list[str] = []
+    if slice_last_position(proto):
+        applied.append("last-logits")
+    fused = plan.fuse and fuse_attention(proto, config)
+    if fused:
+        applied.append("fused-attention")
+        if merge_projections(proto):
+            applied.append("merged-projections")
+    if plan.int4_kernel and use_int4_kernel(proto) > 0:
+        applied.append("int4-matmul")
+        if fold_swiglu(proto):
+            applied.append("swiglu")
+    if plan.int8_kernel and use_int8_kernel(proto) > 0:
+        applied.append("int8-matmul")
+    if fused and plan.attention_kernel and use_attention_kernel(proto) > 0:
+        applied.append("attention")
+        quantized = any(node.op_type in QUANTIZED_OPS for node in proto.graph.node)
+        wants_half = plan.kv_cache_dtype == "float16"
+        if (wants_half or (plan.kv_cache_dtype == "auto" and quantized)) and use_half_cache(proto):
+            applied.append("half-cache")
+    if not applied:
+        return str(model_file)
+    onnx.helper.set_model_props(
+        proto, {**{p.key: p.value for p in proto.metadata_props}, EDITS_KEY: ",".join(applied)}
+    )
+    return proto.SerializeToString()
+
+
+def edits_of(metadata: dict[str, str]) -> tuple[str, ...]:
+    """The edits a session's graph got, from its custom metadata (`EDITS_KEY`)."""
+    value = metadata.get(EDITS_KEY, "")
+    return tuple(name for name in value.split(",") if name)

@@ -1,0 +1,171 @@
+"""`LocalEngine`: the `EngineClient` that serves one ONNX export with the batching scheduler.
+
+It owns the pieces loaded from an export dir (graph, tokenizer, chat template) and turns the
+contract's calls into scheduler operations. `generate` checks the request and queues it right
+away (so `EngineOverloaded` / `ContextLengthExceeded` surface at the call, before any response
+is started) and returns a stream that reads the request's asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+from api.engine.errors import ContextLengthExceeded, EngineDead, ModelLoadError
+from api.engine.model.causal_lm import OnnxCausalLM, read_json
+from api.engine.protocol import (
+    ChatMessage,
+    EngineClient,
+    EngineStats,
+    GenerationOutput,
+    GenerationRequest,
+    KvCacheDtype,
+)
+from api.engine.runtime.scheduler import END, Scheduler, SchedulerLimits
+from api.engine.runtime.sequence import Sequence as EngineSequence
+from api.engine.text.chat_template import ChatTemplate, select_template, special_token_strings
+from api.engine.text.tokenizer import TokenizerWrapper
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def load_chat_template(path: Path) -> ChatTemplate:
+    """The export's template (tokenizer_config.json or chat_template.jinja), else ChatML."""
+    tokenizer_config = read_json(path / TOKENIZER_CONFIG_FILE, required=False)
+    special = read_json(path / SPECIAL_TOKENS_FILE, required=False)
+    source = select_template(tokenizer_config.get("chat_template"))
+    jinja_file = path / CHAT_TEMPLATE_FILE
+    if source is None and jinja_file.is_file():
+        source = jinja_file.read_text(encoding="utf-8")
+    try:
+        return ChatTemplate(source, special_token_strings(special, tokenizer_config))
+    except ValueError as exc:
+        raise ModelLoadError(f"{path / TOKENIZER_CONFIG_FILE}: {exc}") from exc
+
+
+class GenerationStream(AsyncIterator[GenerationOutput]):
+    """Outputs of one request. Closing it early (or dropping it) aborts the request."""
+
+    def __init__(self, sequence: EngineSequence, scheduler: Scheduler) -> None:
+        self._sequence = sequence
+        self._scheduler = scheduler
+        self._done = False
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> GenerationOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._sequence.queue.get()
+        except BaseException:
+            self._abort()  # cancelled while waiting: the client is gone
+            raise
+        if item is END:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item.finished:
+            self._done = True
+        return item
+
+    async def aclose(self) -> None:
+        self._abort()
+
+    def _abort(self) -> None:
+        if not self._done:
+            self._done = True
+            self._scheduler.abort(self._sequence.request_id)
+
+    def __del__(self) -> None:
+        if not self._done:
+            self._scheduler.abort(self._sequence.request_id)
+
+
+class LocalEngine(EngineClient):
+    """One export dir served by ONNX Runtime with continuous batching."""
+
+    def __init__(
+        self,
+        model_id: str,
+        path: Path,
+        *,
+        limits: SchedulerLimits | None = None,
+        threads: int | None = None,
+        cache_dir: Path | None = None,
+        fused_attention: bool = True,
+        ops_library: Path | None = None,
+        kv_cache_dtype: KvCacheDtype = "auto",  # the server's default (ENGINE_KV_CACHE_DTYPE)
+    ) -> None:
+        if not path.is_dir():
+            raise ModelLoadError(f"{path}: not a directory (expected an Optimum ONNX export)")
+        self.model_id = model_id
+        self.path = path
+        self.model = OnnxCausalLM(
+            path,
+            threads=threads,
+            cache_dir=cache_dir,
+            fuse_attention=fused_attention,
+            ops_library=ops_library,
+            kv_cache_dtype=kv_cache_dtype,
+        )
+        self.tokenizer = TokenizerWrapper.from_file(path / TOKENIZER_FILE)
+        self.chat_template = load_chat_template(path)
+        self.context_length = self.model.context_length
+        self.created = int(time.time())
+        self.scheduler = Scheduler(self.model, limits or SchedulerLimits(), name=model_id)
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self.tokenizer.encode(self.chat_template.render(messages))
+
+    def generate(self, request: GenerationRequest) -> GenerationStream:
+        prompt_tokens = len(request.prompt_token_ids)
+        if prompt_tokens == 0:
+            raise ValueError("the prompt has no tokens")
+        if request.params.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if prompt_tokens >= self.context_length:
+            raise ContextLengthExceeded(prompt_tokens, self.context_length)
+        sequence = EngineSequence(
+            request=request,
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.model.eos_token_ids,
+            context_length=self.context_length,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+        )
+        self.scheduler.submit(sequence)
+        return GenerationStream(sequence, self.scheduler)
+
+    def expect(self) -> Callable[[], None]:
+        return self.scheduler.expect()
+
+    async def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    async def check_health(self) -> None:
+        if not self.scheduler.alive:
+            raise EngineDead(self.scheduler._dead_message())
+
+    def stats(self) -> EngineStats:
+        active, queued = self.scheduler.counts()
+        return EngineStats(
+            active_sequences=active,
+            queued_sequences=queued,
+            last_batch_size=self.scheduler.last_batch_size,
+            steps=self.scheduler.steps,
+        )
+
+    async def start(self) -> None:
+        self.scheduler.start()
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(self.scheduler.stop)

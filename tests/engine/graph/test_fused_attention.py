@@ -1,0 +1,123 @@
+"""Fused attention over one shared KV buffer changes no token, and applies where it should.
+
+The exactness tests already compare the fused engine with transformers for llama, qwen2 and phi3;
+these check the edit's own promises: which graphs it takes, that its logits equal the graph as
+exported, and that the buffer's bookkeeping (rows moving as sequences join and leave, capacity
+doubling past its first size) keeps every sequence's tokens those of the unfused engine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from api.engine.graph.fused_attention import fuse_attention
+from api.engine.model.causal_lm import OnnxCausalLM
+from api.engine.runtime.padded_batch import PaddedBatch
+from api.engine.runtime.prefill import Prefill, PrefillCall
+from api.engine.runtime.slot_batch import INITIAL_CAPACITY, SlotBatch
+from tests.engine.conftest import greedy, make_engine, manual_sequence, run_steps
+from tests.engine.model.test_exactness import random_prompt, tokens_of
+
+
+@pytest.mark.parametrize(
+    ("arch", "fused"),
+    [("llama", True), ("qwen2", True), ("phi3", True), ("gpt2", False), ("gemma", False)],
+)
+def test_attention_is_fused_where_the_graph_allows(tiny_exports, arch: str, fused: bool) -> None:
+    # gemma's export has no position_ids; gpt2's attention is not the llama-family pattern.
+    model = OnnxCausalLM(tiny_exports[arch].path, threads=1)
+    assert model.spec.shared_kv is fused
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_attention_applies_plain_rope_itself(tiny_exports, arch: str) -> None:
+    """With unscaled RoPE the graph's own rotary ops go, and with them the positions input;
+    a scaled RoPE (here llama3-style) keeps the graph's rotary ops and its position_ids."""
+    path = tiny_exports[arch].path
+    config = json.loads((path / "config.json").read_text())
+    plain = onnx.load(str(path / "model.onnx"))
+    assert fuse_attention(plain, config)
+    assert "position_ids" not in {i.name for i in plain.graph.input}
+    assert not any(node.op_type == "Neg" for node in plain.graph.node)
+
+    scaled = onnx.load(str(path / "model.onnx"))
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}
+    assert fuse_attention(scaled, config | {"rope_scaling": llama3})
+    assert "position_ids" in {i.name for i in scaled.graph.input}
+    assert any(node.op_type == "Neg" for node in scaled.graph.node)
+
+
+@pytest.mark.parametrize(
+    ("arch", "change"),
+    [("qwen2", {"use_sliding_window": True}), ("gpt2", {})],
+)
+def test_a_refused_graph_is_left_as_exported(tiny_exports, arch: str, change: dict) -> None:
+    """Refused up front (a sliding window), or part-way through the rewrite (gpt2's attention
+    is not the llama pattern): either way not one byte of the graph changes."""
+    path = tiny_exports[arch].path
+    config = json.loads((path / "config.json").read_text()) | change
+    graph = onnx.load(str(path / "model.onnx"))
+    before = graph.SerializeToString()
+    assert not fuse_attention(graph, config)
+    assert graph.SerializeToString() == before
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
+def test_fused_logits_equal_the_graph_as_exported(tiny_exports, arch: str) -> None:
+    """Prefill then decode one sequence both ways: every step's logits agree."""
+    export = tiny_exports[arch]
+    prompt = random_prompt(export, 11, seed=3)
+    fused = make_engine(export.path)
+    plain = make_engine(export.path, fused_attention=False)
+    assert isinstance(fused.scheduler._batch, SlotBatch)
+    assert fused.scheduler._batch._logits is not None  # bound to its buffer, not allocated
+    assert isinstance(plain.scheduler._batch, PaddedBatch)
+    logits = [prefill_and_decode(engine, prompt, decode_steps=4) for engine in (fused, plain)]
+    for got, want in zip(*logits, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.ndarray]:
+    """Each call's logits, copied: a `SlotBatch` writes every call's into the same buffer."""
+    batch = engine.scheduler._batch
+    item = Prefill(manual_sequence(engine, greedy("r", prompt, decode_steps + 1)))
+    steps = [batch.prefill(PrefillCall([item], len(prompt))).copy()]
+    batch.join([item])
+    for _ in range(decode_steps):
+        item.seq.output_ids.append(int(steps[-1][0].argmax()))
+        steps.append(batch.decode().copy())
+    return steps
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_sequences_joining_and_leaving_keep_their_tokens(tiny_exports, arch: str) -> None:
+    """Prompts of different lengths join at different steps and finish at different steps, so
+    rows are swapped down on joining and refilled on leaving; one prompt outgrows the buffer's
+    first capacity while others run. Tokens equal the unfused engine's, request by request."""
+    export = tiny_exports[arch]
+    long = INITIAL_CAPACITY + 20
+    joins = {
+        0: [
+            greedy("a", random_prompt(export, 7, 1), 12),
+            greedy("b", random_prompt(export, 30, 2), 3),
+        ],
+        2: [greedy("c", random_prompt(export, long, 3), 25)],
+        4: [
+            greedy("d", random_prompt(export, 5, 4), 9),
+            greedy("e", random_prompt(export, 16, 5), 30),
+        ],
+        9: [greedy("f", random_prompt(export, 12, 6), 6)],
+    }
+    results = []
+    for fused in (True, False):
+        engine = make_engine(export.path, fused_attention=fused, max_prefill_tokens=64)
+        outputs, largest = run_steps(engine, joins)
+        assert largest >= 4
+        results.append({rid: tokens_of(out) for rid, out in outputs.items()})
+        if fused:
+            assert engine.scheduler._batch.capacity >= long + 25
+    assert results[0] == results[1]
