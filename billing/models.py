@@ -29,6 +29,7 @@ class Account(SQLModel, table=True):
         CheckConstraint("balance >= 0", name="ck_account_balance_nonnegative"),
         CheckConstraint("held >= 0", name="ck_account_held_nonnegative"),
         CheckConstraint("held <= balance", name="ck_account_held_within_balance"),
+        CheckConstraint("open_holds >= 0", name="ck_account_open_holds_nonnegative"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -40,6 +41,8 @@ class Account(SQLModel, table=True):
     # the cached sum of ledger entries; checked by `audit`
     balance: int = Field(default=0, sa_type=TOKENS)
     held: int = Field(default=0, sa_type=TOKENS)  # reserved by in-flight requests
+    # requests in flight (open holds), capped per key in the statement that places a hold
+    open_holds: int = 0
     terms_accepted_at: datetime | None = None
     notice_level: str = Field(default="ok", max_length=16)  # last balance notice sent
     created_at: datetime = Field(default_factory=utcnow)
@@ -151,6 +154,8 @@ class Hold(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime = Field(index=True)
     resolved_at: datetime | None = None
+    # the `ApiProcess` that placed it: when that lease lapses, another process resolves it
+    owner: str | None = Field(default=None, max_length=64, index=True)
 
 
 class IdempotentRequest(SQLModel, table=True):
@@ -167,4 +172,46 @@ class IdempotentRequest(SQLModel, table=True):
     body_hash: str = Field(max_length=64)
     status_code: int | None = None  # None while the first attempt is running
     response: str | None = None  # the JSON body that was sent
-    created_at: datetime = Field(default_factory=utcnow)
+    created_at: datetime = Field(default_factory=utcnow, index=True)  # deleted after retention
+    owner: str | None = Field(default=None, max_length=64)  # the `ApiProcess` running it
+
+
+class ApiProcess(SQLModel, table=True):
+    """One incarnation of an API process: its lease, kept alive by a heartbeat.
+
+    Times are the database's clock. When `expires_at` passes (a crash, a lost network) any live
+    process resolves the holds this one owned; a process started again under the same `name`
+    ends its previous incarnation's lease before it serves."""
+
+    __tablename__ = "api_process"
+
+    id: str = Field(primary_key=True, max_length=64)
+    name: str = Field(max_length=255, index=True)
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime = Field(index=True)
+    stopped_at: datetime | None = None
+
+
+class JobState(SQLModel, table=True):
+    """Where a background job stopped (the bot's reconciliation offset), kept across restarts
+    and shared by every bot process."""
+
+    __tablename__ = "job_state"
+
+    name: str = Field(primary_key=True, max_length=64)
+    position: int = Field(default=0, sa_type=TOKENS)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class ReportedProblem(SQLModel, table=True):
+    """A problem a job told the operators about, once: the same problem is not reported again."""
+
+    __tablename__ = "reported_problem"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job: str = Field(max_length=64)
+    digest: str = Field(max_length=64, unique=True)  # SHA-256 of job and message
+    charge_id: str | None = Field(default=None, max_length=255, index=True)
+    message: str
+    reported_at: datetime = Field(default_factory=utcnow)
