@@ -35,7 +35,7 @@ from bot.jobs import notices_job, reconcile_job
 from bot.logs import protect_token
 from bot.runtime import RUNTIME, SETTINGS, Runtime, runtime_of
 from bot.settings import BotSettings
-from bot.texts import LANGUAGES, Lang
+from bot.texts import DEFAULT, LANGUAGES, Lang, plain
 
 logger = logging.getLogger(__name__)
 
@@ -44,28 +44,7 @@ CONCURRENT_UPDATES = 64
 FIRST_NOTICES_AFTER_S = 10
 FIRST_RECONCILE_AFTER_S = 60
 
-_COMMANDS: dict[Lang, list[tuple[str, str]]] = {
-    "en": [
-        ("start", "Menu"),
-        ("buy", "Buy tokens"),
-        ("key", "My API key"),
-        ("balance", "Balance and recent requests"),
-        ("paysupport", "Payments and refunds"),
-        ("terms", "Terms of service"),
-        ("privacy", "Privacy policy"),
-        ("help", "Help"),
-    ],
-    "ru": [
-        ("start", "Меню"),
-        ("buy", "Купить токены"),
-        ("key", "Мой API-ключ"),
-        ("balance", "Баланс и последние запросы"),
-        ("paysupport", "Платежи и возвраты"),
-        ("terms", "Условия использования"),
-        ("privacy", "Политика конфиденциальности"),
-        ("help", "Помощь"),
-    ],
-}
+COMMANDS = ("start", "buy", "key", "balance", "paysupport", "terms", "privacy", "help")
 _ADMIN_COMMANDS = [
     ("stats", "Buyers, revenue, tokens"),
     ("refund", "<charge_id>: refund a payment"),
@@ -158,17 +137,20 @@ async def _set_commands(application: Application, settings: BotSettings) -> None
     try:
         for lang in LANGUAGES:
             await application.bot.set_my_commands(
-                [BotCommand(*item) for item in _COMMANDS[lang]],
-                language_code=None if lang == "en" else lang,
+                _commands(lang), language_code=None if lang == DEFAULT else lang
             )
         for admin_id in sorted(settings.admin_telegram_ids):
             await application.bot.set_my_commands(
-                [BotCommand(*item) for item in _COMMANDS["en"] + _ADMIN_COMMANDS],
+                _commands(DEFAULT) + [BotCommand(*item) for item in _ADMIN_COMMANDS],
                 scope=BotCommandScopeChat(admin_id),
             )
     except TelegramError:
         # An operator who never opened the bot has no chat yet; the bot works without menus.
         logger.warning("could not set the bot's command menu", exc_info=True)
+
+
+def _commands(lang: Lang) -> list[BotCommand]:
+    return [BotCommand(name, plain(lang, f"command_{name}")) for name in COMMANDS]
 
 
 async def _post_shutdown(application: Application) -> None:  # type: ignore[type-arg]

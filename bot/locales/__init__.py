@@ -1,0 +1,1 @@
+"""One module per language: `NAME` and `TEXTS` (see `bot.texts`)."""
