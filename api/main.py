@@ -1,5 +1,6 @@
 """The FastAPI app. `create_app(settings)` builds it; the lifespan owns the long-lived parts:
-the database engine, the model engines and the hold sweeper. Nothing heavy runs at import."""
+the database engine, the model engines, this process's lease with its heartbeat, the hold
+sweeper, and draining on SIGTERM (`api.lifecycle`). Nothing heavy runs at import."""
 
 from __future__ import annotations
 
@@ -9,14 +10,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from anyio import to_thread
 from fastapi import FastAPI
 
 from api.books import Books
 from api.engine.protocol import EngineClient
-from api.errors import DATABASE_UNAVAILABLE, describe_database_error, install_error_handlers
-from api.limits import ConcurrencyLimiter
+from api.errors import install_error_handlers
+from api.lifecycle import (
+    Draining,
+    Lifecycle,
+    heartbeat_forever,
+    start_lease,
+    stop_lease,
+    sweep_forever,
+    uvicorn_exit,
+)
 from api.logging import configure_logging
 from api.metrics import Metrics
 from api.middleware import RequestContext
@@ -26,6 +36,9 @@ from api.serving.chat import ChatService
 from api.settings import ApiSettings
 from billing.db import make_engine
 
+if TYPE_CHECKING:
+    from api.engine.registry import EngineConfig
+
 logger = logging.getLogger("tokenshop.api")
 
 
@@ -33,6 +46,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
     """The app; `engines` replaces loading `settings.models` (tests with other models)."""
     engine_map: dict[str, EngineClient] = {}
     metrics = Metrics(engine_map)
+    lifecycle = Lifecycle(grace_seconds=settings.shutdown_grace_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -44,11 +58,13 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             db=db,
             hold_ttl=timedelta(seconds=settings.hold_ttl_seconds),
             key_cache_seconds=settings.key_cache_seconds,
+            max_concurrent_per_key=settings.max_concurrent_per_key,
+            lease=timedelta(seconds=settings.lease_seconds),
+            idempotency_retention=timedelta(hours=settings.idempotency_retention_hours),
         )
         chat_service = ChatService(
             engines=engine_map,
             books=books,
-            limiter=ConcurrencyLimiter(settings.max_concurrent_per_key),
             metrics=metrics,
             settings=settings,
         )
@@ -60,15 +76,25 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             chat=chat_service,
             metrics=metrics,
         )
-        await _sweep_once(books)  # a restart resolves what a crash left before serving
-        sweeper = asyncio.create_task(_sweep_forever(books, settings.sweep_seconds))
+        # a restart resolves what its previous incarnation left before serving
+        await start_lease(books, settings.instance_name)
+        loops = [
+            asyncio.create_task(sweep_forever(books, settings.sweep_seconds)),
+            asyncio.create_task(
+                heartbeat_forever(books, settings.instance_name, settings.heartbeat_seconds)
+            ),
+        ]
+        restore_sigterm = lifecycle.on_sigterm(uvicorn_exit())
         try:
             yield
         finally:
-            sweeper.cancel()
-            with suppress(asyncio.CancelledError):
-                await sweeper
+            restore_sigterm()
+            for loop in loops:
+                loop.cancel()
+                with suppress(asyncio.CancelledError):
+                    await loop
             await chat_service.finish_settling(within=5)
+            await stop_lease(books)
             for engine in engine_map.values():
                 await engine.shutdown()
             db.dispose()
@@ -80,6 +106,8 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.state.lifecycle = lifecycle
+    app.add_middleware(Draining, lifecycle=lifecycle)  # inside RequestContext: 503s are counted
     app.add_middleware(RequestContext, metrics=metrics, max_body=settings.max_request_bytes)
     for router in (chat.router, models.router, key.router, health.router):
         app.include_router(router)
@@ -87,10 +115,11 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
 
 
 async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
-    from api.engine.ops.library import preferred_library, use_huge_pages
+    from api.engine.ops.library import default_library, unavailable_reason, use_huge_pages
     from api.engine.registry import EngineConfig, load_engines
 
-    library = preferred_library() if settings.engine_int4_kernel else None
+    missing = unavailable_reason() if settings.engine_int4_kernel else "ENGINE_INT4_KERNEL=0"
+    library = default_library() if missing is None else None
     if library is not None:
         use_huge_pages(library, settings.engine_huge_pages)
     config = EngineConfig(
@@ -103,9 +132,34 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         prefix_cache_mb=settings.engine_prefix_cache_mb,
         arrival_wait_ms=settings.engine_arrival_wait_ms,
         ops_library=library,
+        ops_missing=missing,
         kv_cache_dtype=settings.engine_kv_cache_dtype,
     )
-    return await to_thread.run_sync(load_engines, settings.models, config)
+    if not settings.models_file:
+        return await to_thread.run_sync(load_engines, settings.models, config)
+    return await to_thread.run_sync(_load_models_file, settings, config)
+
+
+def _load_models_file(settings: ApiSettings, config: EngineConfig) -> dict[str, EngineClient]:
+    """MODELS_FILE's models (it replaces MODELS): local exports and upstream servers."""
+    from api.engine.registry import load_local
+    from api.engine.upstream import UpstreamEngine, UpstreamTimeouts
+    from api.models_file import LocalModel, read_models_file
+
+    assert settings.models_file
+    timeouts = UpstreamTimeouts(
+        connect=settings.upstream_connect_seconds,
+        first_token=settings.upstream_first_token_seconds,
+        read=settings.upstream_read_seconds,
+        health_every=settings.upstream_health_seconds,
+    )
+    engines: dict[str, EngineClient] = {}
+    for entry in read_models_file(settings.models_file):
+        if isinstance(entry, LocalModel):
+            engines[entry.name] = load_local(entry.name, entry.path, config)
+        else:
+            engines[entry.name] = UpstreamEngine(entry, timeouts=timeouts)
+    return engines
 
 
 def _engine_cache_dir(setting: str | None) -> Path | None:
@@ -114,29 +168,6 @@ def _engine_cache_dir(setting: str | None) -> Path | None:
     if setting is None:
         return default_cache_dir()
     return Path(setting) if setting else None
-
-
-async def _sweep_once(books: Books) -> None:
-    """Resolve expired holds: those of a crashed process, whose last checkpoint pushed their
-    expiry no further. Only expired ones: with several workers on one database, a hold that
-    has not expired may belong to a live request of another process."""
-    try:
-        resolved = await books.sweep()
-    except DATABASE_UNAVAILABLE as exc:
-        logger.warning("hold sweep failed: %s", describe_database_error(exc))
-    except Exception:
-        logger.exception("hold sweep failed")
-    else:
-        if resolved:
-            logger.info("released %d stale hold(s)", resolved)
-
-
-async def _sweep_forever(books: Books, every: float) -> None:
-    """Keep sweeping: holds of a crashed process expire `hold_ttl_seconds` after their last
-    checkpoint, while this process runs."""
-    while True:
-        await asyncio.sleep(every)
-        await _sweep_once(books)
 
 
 def app_from_environment() -> FastAPI:

@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from api.engine.protocol import EngineClient
@@ -41,6 +46,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_EngineCollector(engines))
+        self.registry.register(_UpstreamCollector(engines))
 
 
 class _EngineCollector(Collector):
@@ -59,9 +65,74 @@ class _EngineCollector(Collector):
         batch = GaugeMetricFamily(
             "tokenshop_batch_size", "Sequences in the last decode step.", labels=["model"]
         )
+        path_info = GaugeMetricFamily(
+            "tokenshop_engine_path_info",
+            "How each model is served (always 1): its graph edits, kernels and weights.",
+            labels=["model", "ops", "isa", "weights", "graph_edits"],
+        )
+        fallbacks = GaugeMetricFamily(
+            "tokenshop_engine_fallbacks",
+            "Ways a model's serving path falls short of the optimized one (0: none).",
+            labels=["model"],
+        )
         for name, engine in self.engines.items():
             stats = engine.stats()
             active.add_metric([name], stats.active_sequences)
             queued.add_metric([name], stats.queued_sequences)
             batch.add_metric([name], stats.last_batch_size)
-        yield from (active, queued, batch)
+            path = engine.serving_path()
+            if path is not None:
+                edits = ",".join(path.graph_edits)
+                labels = [name, path.ops, path.isa or "", path.weights, edits]
+                path_info.add_metric(labels, 1)
+                fallbacks.add_metric([name], len(path.fallbacks))
+        yield from (active, queued, batch, path_info, fallbacks)
+
+
+class _UpstreamCollector(Collector):
+    """Each upstream server of each model, labelled by its URL (which never holds a key)."""
+
+    def __init__(self, engines: Mapping[str, EngineClient]) -> None:
+        self.engines = engines
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "backend"]
+        up = GaugeMetricFamily(
+            "tokenshop_upstream_up", "1 if the upstream is healthy.", labels=labels
+        )
+        in_flight = GaugeMetricFamily(
+            "tokenshop_upstream_in_flight", "Requests in flight to the upstream.", labels=labels
+        )
+        requests = CounterMetricFamily(
+            "tokenshop_upstream_requests", "Requests sent to the upstream.", labels=labels
+        )
+        failovers = CounterMetricFamily(
+            "tokenshop_upstream_failovers",
+            "Requests that left the upstream for another before their first token.",
+            labels=labels,
+        )
+        errors = CounterMetricFamily(
+            "tokenshop_upstream_errors",
+            "Upstream failures by kind: connect, status (5xx, 429), timeout, cut (mid-answer).",
+            labels=[*labels, "kind"],
+        )
+        ttft = HistogramMetricFamily(
+            "tokenshop_upstream_time_to_first_token_seconds",
+            "From sending to the upstream to its first token.",
+            labels=labels,
+        )
+        for name, engine in self.engines.items():
+            for backend in engine.backends():
+                key = [name, backend.url]
+                up.add_metric(key, 1 if backend.up else 0)
+                in_flight.add_metric(key, backend.in_flight)
+                requests.add_metric(key, backend.requests)
+                failovers.add_metric(key, backend.failovers)
+                for kind, count in backend.errors.items():
+                    errors.add_metric([*key, kind], count)
+                buckets = [
+                    ("+Inf" if bound == float("inf") else str(bound), count)
+                    for bound, count in backend.ttft_buckets
+                ]
+                ttft.add_metric(key, buckets, backend.ttft_sum)
+        yield from (up, in_flight, requests, failovers, errors, ttft)

@@ -9,24 +9,31 @@ is started) and returns a stream that reads the request's asyncio queue.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from api.engine.errors import ContextLengthExceeded, EngineDead, ModelLoadError
+from api.engine.errors import ContextLengthExceeded, EngineDead, ModelLoadError, ToolsUnsupported
 from api.engine.model.causal_lm import OnnxCausalLM, read_json
+from api.engine.model.serving_path import log_path
 from api.engine.protocol import (
     ChatMessage,
+    Constraint,
     EngineClient,
     EngineStats,
     GenerationOutput,
     GenerationRequest,
     KvCacheDtype,
+    ServingPath,
 )
+from api.engine.runtime.constraints import Grammars
 from api.engine.runtime.scheduler import END, Scheduler, SchedulerLimits
 from api.engine.runtime.sequence import Sequence as EngineSequence
 from api.engine.text.chat_template import ChatTemplate, select_template, special_token_strings
 from api.engine.text.tokenizer import TokenizerWrapper
+from api.engine.text.tool_calls import detect_format
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -46,6 +53,20 @@ def load_chat_template(path: Path) -> ChatTemplate:
         return ChatTemplate(source, special_token_strings(special, tokenizer_config))
     except ValueError as exc:
         raise ModelLoadError(f"{path / TOKENIZER_CONFIG_FILE}: {exc}") from exc
+
+
+def _fingerprint(model_id: str, path: Path, *settings: str) -> str:
+    """`fp_` and 10 hex digits over the model's id and files (names, sizes, the small ones'
+    bytes: config, tokenizer, template) and the engine settings it is served with."""
+    digest = hashlib.sha256(model_id.encode())
+    for file in sorted(p for p in path.iterdir() if p.is_file()):
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size}".encode())
+        if size < 1 << 20:
+            digest.update(file.read_bytes())
+    for setting in settings:
+        digest.update(setting.encode())
+    return f"fp_{digest.hexdigest()[:10]}"
 
 
 class GenerationStream(AsyncIterator[GenerationOutput]):
@@ -103,6 +124,7 @@ class LocalEngine(EngineClient):
         cache_dir: Path | None = None,
         fused_attention: bool = True,
         ops_library: Path | None = None,
+        ops_missing: str | None = None,  # why there is no ops_library (`serving_path`)
         kv_cache_dtype: KvCacheDtype = "auto",  # the server's default (ENGINE_KV_CACHE_DTYPE)
     ) -> None:
         if not path.is_dir():
@@ -115,16 +137,46 @@ class LocalEngine(EngineClient):
             cache_dir=cache_dir,
             fuse_attention=fused_attention,
             ops_library=ops_library,
+            ops_missing=ops_missing,
             kv_cache_dtype=kv_cache_dtype,
         )
+        log_path(model_id, self.model.serving_path)
         self.tokenizer = TokenizerWrapper.from_file(path / TOKENIZER_FILE)
         self.chat_template = load_chat_template(path)
+        self._tool_format = detect_format(self.chat_template.source)
+        self.grammars = Grammars(
+            path / TOKENIZER_FILE,
+            # the logits' width, which masks must cover (may exceed the tokenizer's size)
+            vocab_size=int(self.model.config.get("vocab_size") or self.tokenizer.vocab_size),
+            eos_token_ids=sorted(self.model.eos_token_ids),
+        )
         self.context_length = self.model.context_length
+        self._fingerprint = _fingerprint(
+            model_id,
+            path,
+            repr(limits or SchedulerLimits()),
+            f"threads={threads} fused={fused_attention} kv={kv_cache_dtype}",
+            repr(getattr(self.model, "serving_path", None)),
+        )
         self.created = int(time.time())
         self.scheduler = Scheduler(self.model, limits or SchedulerLimits(), name=model_id)
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return self.tokenizer.encode(self.chat_template.render(messages))
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        if (tools or any(m.tool_calls for m in messages)) and not self.chat_template.renders_tools:
+            raise ToolsUnsupported(f"the chat template of {self.model_id} does not render tools")
+        return self.tokenizer.encode(self.chat_template.render(messages, tools=tools))
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def tool_format(self) -> str | None:
+        return self._tool_format.name if self._tool_format else None
+
+    async def check_constraint(self, constraint: Constraint) -> None:
+        # off the event loop: a large schema may take a while to compile (then it is cached)
+        await asyncio.to_thread(self.grammars.compile, constraint)
 
     def generate(self, request: GenerationRequest) -> GenerationStream:
         prompt_tokens = len(request.prompt_token_ids)
@@ -134,7 +186,9 @@ class LocalEngine(EngineClient):
             raise ValueError("max_tokens must be at least 1")
         if prompt_tokens >= self.context_length:
             raise ContextLengthExceeded(prompt_tokens, self.context_length)
+        constraint = request.params.constraint
         sequence = EngineSequence(
+            matcher=self.grammars.matcher(constraint) if constraint else None,
             request=request,
             tokenizer=self.tokenizer,
             eos_token_ids=self.model.eos_token_ids,
@@ -150,6 +204,9 @@ class LocalEngine(EngineClient):
 
     async def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
+
+    def serving_path(self) -> ServingPath:
+        return self.model.serving_path
 
     async def check_health(self) -> None:
         if not self.scheduler.alive:

@@ -8,10 +8,11 @@ made (vLLM's `EngineClient` plays the same role).
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 # The KV cache's element type: float16 where every attention is ours (`use_half_cache` in
 # attention_kernel.py), float32 otherwise; "auto": float16 for quantized exports (int4, int8),
@@ -22,11 +23,49 @@ FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
+class ServingPath:
+    """How an engine serves a model, for the start-up log, `/ready` and `/metrics`: the graph
+    edits applied (`graph/pipeline.py`), whose kernels run it, and why any faster path was not
+    taken (`fallbacks`; empty on the optimized path)."""
+
+    graph_edits: tuple[str, ...]
+    ops: Literal["tokenshop", "onnxruntime"]
+    isa: str | None  # the instruction set our ops multiply with, where they run
+    weights: str  # int4, int8, float, or unknown (a graph no edit could read)
+    fallbacks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call the assistant made: `arguments` is JSON text, as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One message as the API normalised it (parts joined, `developer` -> `system`)."""
+    """One message as the API normalised it (parts joined, `developer` -> `system`).
+
+    An assistant message may carry `tool_calls` (its content then often empty); a `tool`
+    message answers the call `tool_call_id`, from the function `name`."""
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the generated text must match: an llguidance grammar (`LLMatcher.grammar_from_*`:
+    a JSON schema or a Lark grammar), and the request parameter it came from, which an error
+    names (`response_format`, `tool_choice`, `tools[0].function.parameters`)."""
+
+    grammar: str
+    param: str
 
 
 @dataclass(frozen=True)
@@ -42,6 +81,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    constraint: Constraint | None = None  # masks every token that would break it
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100) added to the logits
 
 
 @dataclass(frozen=True)
@@ -52,6 +93,13 @@ class GenerationRequest:
     # Requests of one scope may start from each other's computed prompts (`prefix_cache.py`);
     # None: this request neither uses nor leaves any.
     cache_scope: str | None = None
+    # What an upstream engine sends on (`upstream/`): the conversation itself, whether the client
+    # reads the answer as it is made (a non-streamed one is asked for in one response, which
+    # carries the upstream's usage), and request fields forwarded verbatim (e.g.
+    # `response_format`). A local engine reads only `prompt_token_ids`.
+    messages: Sequence[ChatMessage] = ()
+    stream: bool = True
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,6 +138,21 @@ class GenerationOutput:
 
 
 @dataclass(frozen=True)
+class BackendStats:
+    """One upstream server of a model, for /ready and /metrics (its URL, never its key)."""
+
+    url: str
+    up: bool
+    in_flight: int
+    requests: int
+    failovers: int  # requests that left this backend for another before their first token
+    errors: Mapping[str, int]  # by kind: connect, status, timeout, cut
+    ttft_buckets: Sequence[tuple[float, int]]  # (upper bound in seconds, cumulative count)
+    ttft_sum: float
+    ttft_count: int
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics and /ready."""
 
@@ -107,8 +170,29 @@ class EngineClient(ABC):
     created: int  # unix time the model was loaded, shown by /v1/models
 
     @abstractmethod
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Render the model's chat template (with the generation prompt) and tokenize it."""
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Render the model's chat template (with the generation prompt) and tokenize it.
+        `tools` are OpenAI function tools (`{"type": "function", "function": {...}}`) that the
+        template renders; an engine that cannot show them raises `ToolsUnsupported`."""
+
+    def fingerprint(self) -> str:
+        """OpenAI's `system_fingerprint`: a short digest of the backend configuration that
+        changes whenever the model, its precision or the engine settings do."""
+        digest = hashlib.sha256(f"{type(self).__name__}:{self.model_id}".encode()).hexdigest()
+        return f"fp_{digest[:10]}"
+
+    def tool_format(self) -> str | None:
+        """The chat template family whose tool-call syntax the model writes (`hermes`,
+        `llama3`, `mistral`: `text/tool_calls.py`), or None where the serving layer should
+        neither parse nor constrain tool calls (an upstream does that itself)."""
+        return None
+
+    async def check_constraint(self, constraint: Constraint) -> None:
+        """Compile `constraint` ahead of `generate` (cached), raising `InvalidGrammar` when it
+        cannot be enforced; an engine that does not constrain locally accepts any."""
+        return None
 
     @abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
@@ -131,12 +215,20 @@ class EngineClient(ABC):
     async def abort(self, request_id: str) -> None:
         """Stop a request; its iterator ends at the next step."""
 
+    def serving_path(self) -> ServingPath | None:
+        """How the model is served, where the engine can say (None: it cannot)."""
+        return None
+
     @abstractmethod
     async def check_health(self) -> None:
         """Raise `EngineDead` if the engine can no longer serve."""
 
     @abstractmethod
     def stats(self) -> EngineStats: ...
+
+    def backends(self) -> list[BackendStats]:
+        """The upstream servers behind this model; none for a local engine."""
+        return []
 
     @abstractmethod
     async def start(self) -> None:

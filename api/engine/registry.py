@@ -34,6 +34,7 @@ class EngineConfig:
     prefix_cache_mb: int = 256  # finished conversations' keys/values, per model (0: none)
     arrival_wait_ms: float = 50.0  # an idle batch's wait for requests on their way (0: none)
     ops_library: Path | None = None  # our ops (`ops/library.py`); None: ONNX Runtime's
+    ops_missing: str | None = None  # why ops_library is None, for each model's serving path
     kv_cache_dtype: KvCacheDtype = "auto"  # the KV cache's element type (protocol.KvCacheDtype)
 
     @property
@@ -73,15 +74,19 @@ def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, Eng
     """Load every model of `spec` (not started: call `await engine.start()` in the lifespan)."""
     config = config or EngineConfig()
     return {
-        model_id: LocalEngine(
-            model_id,
-            path,
-            limits=config.limits,
-            threads=config.threads,
-            cache_dir=config.cache_dir,
-            fused_attention=config.fused_attention,
-            ops_library=config.ops_library,
-            kv_cache_dtype=config.kv_cache_dtype,
-        )
-        for model_id, path in parse_models_spec(spec)
+        model_id: load_local(model_id, path, config) for model_id, path in parse_models_spec(spec)
     }
+
+
+def load_local(model_id: str, path: Path, config: EngineConfig) -> LocalEngine:
+    """One export dir as a `LocalEngine` (not started)."""
+    return LocalEngine(
+        model_id,
+        path,
+        limits=config.limits,
+        threads=config.threads,
+        cache_dir=config.cache_dir,
+        fused_attention=config.fused_attention,
+        ops_library=config.ops_library,
+        kv_cache_dtype=config.kv_cache_dtype,
+    )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -21,8 +22,12 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(services: ServicesDep) -> JSONResponse:
-    """Models loaded and database reachable; 503 otherwise, so the router sends no traffic."""
+async def ready(services: ServicesDep, request: Request) -> JSONResponse:
+    """Models loaded and database reachable; 503 otherwise, so the router sends no traffic.
+    `serving` says, per model, which graph edits and kernels serve it and why any faster path
+    was not taken, so a deployment that lost its fast path can be alerted on."""
+    if request.app.state.lifecycle.draining:  # SIGTERM: out of the load balancer at once
+        return JSONResponse({"status": "draining", "checks": {}}, status_code=503)
     checks: dict[str, str] = {}
     try:
         await services.books.ping()
@@ -37,9 +42,18 @@ async def ready(services: ServicesDep) -> JSONResponse:
         except Exception:
             checks[f"model:{name}"] = "unavailable"
     ok = bool(services.engines) and all(value == "ok" for value in checks.values())
-    return JSONResponse(
-        {"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503
-    )
+    paths = {name: engine.serving_path() for name, engine in services.engines.items()}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "checks": checks,
+        "serving": {name: asdict(path) for name, path in paths.items() if path is not None},
+        "backends": {  # each upstream server of a model, by URL
+            name: {backend.url: "up" if backend.up else "down" for backend in backends}
+            for name, engine in services.engines.items()
+            if (backends := engine.backends())
+        },
+    }
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 @router.get("/metrics")

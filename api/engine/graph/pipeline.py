@@ -6,13 +6,14 @@ An export stays standard on disk; when it is loaded, `edited_graph` rewrites it 
 2. `fused_attention` (ENGINE_FUSED_ATTENTION): each layer's attention becomes ONNX Runtime's
    `GroupQueryAttention` over one shared KV buffer; then `merged_projections` makes the int4
    projections that read one tensor a single call.
-3. `int4_matmul` (our ops library; ENGINE_INT4_KERNEL): int4 projections on our `Int4MatMul`,
-   then `swiglu` folds a SwiGLU MLP's activation into it.
+3. `int4_matmul` (our ops library): int4 projections on our `Int4MatMul`, then `swiglu` folds
+   a SwiGLU MLP's activation into it.
 4. `int8_matmul` (our ops library, on CPUs where it is faster): dynamically quantized int8
    projections on our `Int8MatMul`.
-5. `attention` (our ops library; ENGINE_ATTENTION_KERNEL): the fused attention on our
-   `CachedAttention`, over a float16 cache where ENGINE_KV_CACHE_DTYPE asks (`auto`: for
-   quantized exports).
+5. `attention` (our ops library, after 2): the fused attention on our `CachedAttention`, over a
+   float16 cache where ENGINE_KV_CACHE_DTYPE asks (`auto`: for quantized exports).
+
+ENGINE_INT4_KERNEL=0 keeps every node on ONNX Runtime's kernels (3-5 off).
 
 The names of the edits applied are written into the graph's metadata (`EDITS_KEY`), which ONNX
 Runtime keeps in the optimized graph it caches, so a server reports them on every start.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.engine.graph.attention import use_attention_kernel, use_half_cache
 from api.engine.graph.fused_attention import fuse_attention
@@ -33,14 +34,18 @@ from api.engine.graph.merged_projections import merge_projections
 from api.engine.graph.swiglu import fold_swiglu
 from api.engine.protocol import KvCacheDtype
 
+if TYPE_CHECKING:
+    import onnx
+
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
 INT8_KERNEL_TAG = "int8-kernel-v2+residual"
 ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
 KV_CACHE_TAG = "kv-cache"  # + the asked type, where it is not float32
-REPORT_TAG = "edits-in-metadata"
+REPORT_TAG = "serving-path"  # the metadata `edits_of` reads
 EDITS_KEY = "tokenshop.graph_edits"  # metadata: the edits applied, comma-separated, in order
+WEIGHTS_KEY = "tokenshop.weights"  # metadata: int4, int8 or float, as exported
 
 # The projections of an int4 or int8 export, before and after our kernels' edits: such a graph
 # takes a float16 KV cache under ENGINE_KV_CACHE_DTYPE=auto.
@@ -90,6 +95,7 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
         proto = onnx.load(str(model_file), load_external_data=False)
     except Exception:  # noqa: BLE001 - not a readable graph: ONNX Runtime names the fault later
         return str(model_file)
+    weights = weights_of(proto)
     applied: list[str] = []
     if slice_last_position(proto):
         applied.append("last-logits")
@@ -112,13 +118,26 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
             applied.append("half-cache")
     if not applied:
         return str(model_file)
+    props = {p.key: p.value for p in proto.metadata_props}
     onnx.helper.set_model_props(
-        proto, {**{p.key: p.value for p in proto.metadata_props}, EDITS_KEY: ",".join(applied)}
+        proto, {**props, EDITS_KEY: ",".join(applied), WEIGHTS_KEY: weights}
     )
     return proto.SerializeToString()
 
 
-def edits_of(metadata: dict[str, str]) -> tuple[str, ...]:
-    """The edits a session's graph got, from its custom metadata (`EDITS_KEY`)."""
-    value = metadata.get(EDITS_KEY, "")
-    return tuple(name for name in value.split(",") if name)
+def weights_of(proto: onnx.ModelProto) -> str:
+    """What the export's projections are: int4 (`MatMulNBits`), int8 (dynamic quantization) or
+    float."""
+    ops = {node.op_type for node in proto.graph.node}
+    if ops & {"MatMulNBits", "Int4MatMul"}:
+        return "int4"
+    if ops & {"MatMulInteger", "Int8MatMul"}:
+        return "int8"
+    return "float"
+
+
+def edits_of(metadata: dict[str, str]) -> tuple[tuple[str, ...], str]:
+    """The edits a session's graph got and its weights, from its custom metadata (a graph
+    served as exported has none: its weights are then "unknown")."""
+    edits = tuple(name for name in metadata.get(EDITS_KEY, "").split(",") if name)
+    return edits, metadata.get(WEIGHTS_KEY, "unknown")

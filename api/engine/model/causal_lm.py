@@ -24,7 +24,8 @@ import onnxruntime as ort
 from api.engine.errors import ModelLoadError
 from api.engine.graph.attention import takes_left_padding
 from api.engine.graph.int8_matmul import runs_faster_here as int8_kernel_runs_faster
-from api.engine.graph.pipeline import EditPlan, can_edit, edited_graph
+from api.engine.graph.pipeline import EditPlan, can_edit, edited_graph, edits_of
+from api.engine.model.serving_path import describe
 from api.engine.model.session_cache import open_session
 from api.engine.model.spec import SEQLENS
 from api.engine.ops.library import huge_page_bytes
@@ -203,6 +204,7 @@ class OnnxCausalLM:
         cache_dir: Path | None = None,
         fuse_attention: bool = True,
         ops_library: Path | None = None,
+        ops_missing: str | None = None,
         attention_kernel: bool = True,
         kv_cache_dtype: KvCacheDtype = "float32",
     ) -> None:
@@ -211,7 +213,7 @@ class OnnxCausalLM:
         projections run on its int8 op too where that is faster (`int8_matmul.py`), and fused
         attention on its attention op unless `attention_kernel` is False (`bench/context.py`
         compares the two), over a KV cache of `kv_cache_dtype` (`KvCacheDtype`; `spec.kv_dtype`
-        says what was built)."""
+        says what was built). `ops_missing`: why there is no `ops_library`, for `serving_path`."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -219,7 +221,9 @@ class OnnxCausalLM:
         if not model_file.is_file():
             raise ModelLoadError(f"{model_file}: missing; not an Optimum ONNX export dir")
         load: Callable[[], str | bytes]
-        if can_edit():
+        editable = can_edit()
+        int8_kernel = False
+        if editable:
             int8_kernel = ops_library is not None and int8_kernel_runs_faster(ops_library)
             plan = EditPlan(
                 fuse=fuse_attention,
@@ -247,6 +251,16 @@ class OnnxCausalLM:
         if ops_library is not None:
             held = huge_page_bytes(ops_library) / 1e6
             log.info("%s loaded; our ops' weights on 2 MB pages, process-wide: %.0f MB", path, held)
+        edits, weights = edits_of(self.session.get_modelmeta().custom_metadata_map)
+        self.serving_path = describe(
+            edits,
+            weights,
+            can_edit=editable,
+            ops_library=ops_library,
+            ops_missing=ops_missing,
+            fuse=fuse_attention,
+            int8_kernel=int8_kernel,
+        )
         self.last_position_only = _last_position_only(self.session)
         self.spec = _inspect(self.session, model_file, self.config)
         if kv_cache_dtype == "float16" and self.spec.kv_dtype != np.float16:

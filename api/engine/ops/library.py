@@ -38,18 +38,21 @@ def runs_here(library: Path) -> bool:
         return False
 
 
-def preferred_library(library: Path | None = None) -> Path | None:
-    """The library to serve int4 graphs with on this machine, or None for ONNX Runtime's."""
+def unavailable_reason(library: Path | None = None) -> str | None:
+    """Why our ops cannot serve on this machine, in a few words; None when they can."""
     library = library or default_library()
     if not library.is_file():
-        reason = f"{library} is not built (python -m api.engine.ops.build)"
-    elif not runs_here(library):
-        reason = "this CPU lacks AVX2/FMA"
-    else:
-        log.info("int4 projections run on our kernel (%s, %s)", library, isa_of(library))
-        return library
-    log.info("int4 projections run on ONNX Runtime's MatMulNBits: %s", reason)
+        return f"our ops library is not built ({library.name} missing: no C compiler at install?)"
+    if not runs_here(library):
+        return "this CPU lacks AVX2/FMA, which our ops need"
     return None
+
+
+def preferred_library(library: Path | None = None) -> Path | None:
+    """The library to serve graphs with on this machine, or None for ONNX Runtime's kernels
+    (each model's start-up line and `/ready` say so, with `unavailable_reason`)."""
+    library = library or default_library()
+    return None if unavailable_reason(library) is not None else library
 
 
 def isa_of(library: Path) -> str:
