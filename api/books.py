@@ -1,12 +1,15 @@
 """The API's window on billing: each call is one short transaction, run in a worker thread so
 the event loop never waits on the database, and never held open across generation. Writes that
-arrive together share a commit (`billing.group_commit`)."""
+arrive together share a commit (`billing.group_commit`), each naming the account it writes for.
+
+Holds and idempotency claims carry this process's lease (`billing.leases`): `start_lease` before
+serving, `renew_lease` on a heartbeat, `end_lease` at a clean exit."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
@@ -15,12 +18,13 @@ from anyio import to_thread
 from sqlalchemy import Engine, text
 from sqlmodel import Session
 
-from billing import idempotency, keys, ledger
+from billing import idempotency, keys, leases, ledger
 from billing.db import reading, session_scope
 from billing.errors import InvalidKey
 from billing.group_commit import GroupCommit
 from billing.idempotency import StoredAnswer
 from billing.keys import KeyIdentity
+from billing.leases import SweepReport
 from billing.ledger import Balance
 from billing.models import Hold
 
@@ -32,6 +36,10 @@ class Books:
     db: Engine
     hold_ttl: timedelta
     key_cache_seconds: float
+    max_concurrent_per_key: int | None = None  # requests in flight per key, on every replica
+    lease: timedelta = timedelta(seconds=10)
+    idempotency_retention: timedelta = timedelta(hours=24)
+    owner: str | None = None  # this process's lease id, once started
     _key_cache: dict[str, tuple[float, KeyIdentity]] = field(default_factory=dict)
     _key_lookups: dict[str, asyncio.Future[KeyIdentity]] = field(default_factory=dict)
     _writes: GroupCommit = field(init=False)
@@ -39,9 +47,11 @@ class Books:
     def __post_init__(self) -> None:
         self._writes = GroupCommit(self.db)
 
-    async def _run(self, work: Callable[[Session], T], *, write: bool = True) -> T:
+    async def _run(
+        self, work: Callable[[Session], T], *, write: bool = True, accounts: Iterable[int] = ()
+    ) -> T:
         if write:
-            return await self._writes.run(work)
+            return await self._writes.run(work, accounts=accounts)
 
         def read() -> T:
             with session_scope(reading(self.db)) as session:
@@ -83,16 +93,26 @@ class Books:
                 max_tokens=max_cost,
                 ttl=self.hold_ttl,
                 model=model,
-            )
+                limit=self.max_concurrent_per_key,
+                owner=self.owner,
+            ),
+            accounts=(account_id,),
         )
 
-    async def checkpoint(self, hold_id: str, used: int) -> None:
+    async def checkpoint(self, hold_id: str, used: int, *, account_id: int) -> None:
         await self._run(
-            lambda s: ledger.checkpoint(session=s, hold_id=hold_id, used=used, ttl=self.hold_ttl)
+            lambda s: ledger.checkpoint(session=s, hold_id=hold_id, used=used, ttl=self.hold_ttl),
+            accounts=(account_id,),
         )
 
     async def settle(
-        self, hold_id: str, *, cost: int, prompt_tokens: int, completion_tokens: int
+        self,
+        hold_id: str,
+        *,
+        account_id: int,
+        cost: int,
+        prompt_tokens: int,
+        completion_tokens: int,
     ) -> bool:
         """False if the hold was already resolved (by the sweeper): nothing was charged."""
         entry = await self._run(
@@ -102,15 +122,55 @@ class Books:
                 cost=cost,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
-            )
+            ),
+            accounts=(account_id,),
         )
         return entry is not None
 
-    async def release(self, hold_id: str) -> None:
-        await self._run(lambda s: ledger.release(session=s, hold_id=hold_id))
+    async def release(self, hold_id: str, *, account_id: int) -> None:
+        await self._run(
+            lambda s: ledger.release(session=s, hold_id=hold_id), accounts=(account_id,)
+        )
 
-    async def sweep(self) -> int:
-        return await self._run(lambda s: ledger.release_stale_holds(session=s))
+    async def sweep(self, *, wait: bool = False) -> SweepReport | None:
+        """Resolve the holds of processes that are gone (`billing.leases.sweep`); None when
+        another process is sweeping. Its own transaction: it locks accounts in its own order."""
+
+        def work(session: Session) -> SweepReport | None:
+            return leases.sweep(
+                session=session, idempotency_retention=self.idempotency_retention, wait=wait
+            )
+
+        return await to_thread.run_sync(self._in_transaction, work)
+
+    async def start_lease(self, name: str) -> str:
+        """Start this process's lease, ending earlier incarnations of `name`."""
+        self.owner = await to_thread.run_sync(
+            self._in_transaction,
+            lambda s: leases.start(session=s, name=name, lease=self.lease),
+        )
+        return self.owner
+
+    async def renew_lease(self) -> bool:
+        """The heartbeat; False if the lease had lapsed and was ended (a new one is needed)."""
+        owner = self.owner
+        if owner is None:
+            return False
+        return await to_thread.run_sync(
+            self._in_transaction,
+            lambda s: leases.renew(session=s, process_id=owner, lease=self.lease),
+        )
+
+    async def end_lease(self) -> None:
+        owner = self.owner
+        if owner is not None:
+            await to_thread.run_sync(
+                self._in_transaction, lambda s: leases.end(session=s, process_id=owner)
+            )
+
+    def _in_transaction(self, work: Callable[[Session], T]) -> T:
+        with session_scope(self.db) as session:
+            return work(session)
 
     async def balance(self, account_id: int) -> Balance:
         return await self._run(
@@ -121,18 +181,25 @@ class Books:
         self, account_id: int, key: str, digest: str
     ) -> StoredAnswer | None:
         return await self._run(
-            lambda s: idempotency.claim(session=s, account_id=account_id, key=key, digest=digest)
+            lambda s: idempotency.claim(
+                session=s, account_id=account_id, key=key, digest=digest, owner=self.owner
+            ),
+            accounts=(account_id,),
         )
 
     async def store_idempotency(self, account_id: int, key: str, status: int, body: str) -> None:
         await self._run(
             lambda s: idempotency.store(
                 session=s, account_id=account_id, key=key, status_code=status, body=body
-            )
+            ),
+            accounts=(account_id,),
         )
 
     async def give_up_idempotency(self, account_id: int, key: str) -> None:
-        await self._run(lambda s: idempotency.give_up(session=s, account_id=account_id, key=key))
+        await self._run(
+            lambda s: idempotency.give_up(session=s, account_id=account_id, key=key),
+            accounts=(account_id,),
+        )
 
     async def ping(self) -> None:
         """Raise if a hold could not be placed now. It takes the write lock (on SQLite, where a

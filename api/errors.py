@@ -30,6 +30,7 @@ from billing.errors import (
     IdempotencyMismatch,
     InsufficientBalance,
     InvalidKey,
+    TooManyRequests,
 )
 
 logger = logging.getLogger("tokenshop.api")
@@ -149,6 +150,8 @@ def from_domain(exc: Exception) -> OpenAIError:
             code="insufficient_quota",
             headers={"x-should-retry": "false"},
         )
+    if isinstance(exc, TooManyRequests):
+        return rate_limited(exc.limit)
     if isinstance(exc, IdempotencyMismatch):
         return invalid_request(str(exc), code="idempotency_key_reused")
     if isinstance(exc, IdempotencyConflict):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 from pydantic import Field, field_validator
 
 from api.engine.protocol import KvCacheDtype
@@ -23,7 +26,18 @@ class ApiSettings(BillingSettings):
     max_generation_seconds: float = 600.0
     key_cache_seconds: float = 5.0  # a revoked key stops working within this long
     checkpoint_seconds: float = 5.0  # how often a long generation records its usage
-    sweep_seconds: float = 30.0
+    # how often this process tries to sweep (one process sweeps at a time): holds of a process
+    # whose lease lapsed are resolved within lease_seconds + sweep_seconds of its death
+    sweep_seconds: float = 5.0
+    # Replicas (docs/deploying.md). A process's lease lapses lease_seconds after its last
+    # heartbeat; instance_name names it across restarts (unique per replica: a restart under
+    # the same name frees the previous incarnation's holds before it serves).
+    instance_name: str = Field(default_factory=lambda: default_instance_name())
+    lease_seconds: float = Field(default=10.0, gt=0)
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    # on SIGTERM: /ready and new requests get 503 at once; running requests get this long
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    idempotency_retention_hours: float = Field(default=24.0, gt=0)
     keepalive_seconds: float = 15.0
     max_active_sequences: int = 16
     max_queued: int = 256
@@ -77,3 +91,12 @@ def parse_prices(spec: str) -> dict[str, float]:
             raise ValueError(f"MODEL_PRICES item {item!r} is not name=positive-number")
         prices[name.strip()] = price
     return prices
+
+
+def default_instance_name() -> str:
+    """The platform's name for this replica (`DYNO`), else host and `PORT`, else host and pid
+    (a name no restart reuses: the previous incarnation's holds then wait for its lease)."""
+    if dyno := os.environ.get("DYNO"):
+        return dyno
+    port = os.environ.get("PORT")
+    return f"{socket.gethostname()}:{port}" if port else f"{socket.gethostname()}:pid{os.getpid()}"

@@ -3,11 +3,15 @@
 BillingError
 ├── InvalidKey              malformed, unknown key (rejected before any lookup when malformed)
 │   └── RevokedKey          a key that was rotated or revoked
+├── KeyNotFound             a key id that is not a live key of the account
+├── TooManyKeys             an account at its cap of live keys asks for another
 ├── AccountNotFound         no account with that id / Telegram id
 ├── InsufficientBalance     fewer tokens available than the request needs at the least
+├── TooManyRequests         the key already has its limit of requests in flight
 ├── UnknownPack             a pack id that is not in the catalog
 ├── OrderError              an order that cannot be paid (unknown, expired, paid, wrong price)
 ├── PurchaseNotFound        no purchase with that Telegram charge id
+├── PromoError              a promo code that cannot be created or redeemed
 └── InvalidAmount           a token amount that is not a positive whole number
 """
 
@@ -32,6 +36,14 @@ class RevokedKey(InvalidKey):
         super().__init__("This API key has been revoked.")
 
 
+class KeyNotFound(BillingError):
+    """Raised when a key id names no live key of the account (revoked, or someone else's)."""
+
+
+class TooManyKeys(BillingError):
+    """Raised when an account that holds the most live keys allowed asks for another."""
+
+
 class AccountNotFound(BillingError):
     """Raised when an operation names an account that does not exist."""
 
@@ -48,6 +60,14 @@ class InsufficientBalance(BillingError):
         self.available = available
 
 
+class TooManyRequests(BillingError):
+    """Raised when a hold would pass the account's limit of requests in flight (all replicas)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"Too many concurrent requests for this key (limit {limit}).")
+        self.limit = limit
+
+
 class UnknownPack(BillingError):
     """Raised when a pack id is not in the catalog."""
 
@@ -55,6 +75,15 @@ class UnknownPack(BillingError):
 class OrderError(BillingError):
     """Raised when an order cannot be paid; the message is safe to show the buyer, and `reason`
     (unknown, someone_else, paid, expired, price) lets each edge say it in its own words."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class PromoError(BillingError):
+    """Raised when a promo code cannot be created or redeemed; `reason` (invalid, exists,
+    unknown, expired, used_up, already) lets each edge say it in its own words."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)

@@ -13,12 +13,17 @@ of its own, with one commit. There is no timer: a write that finds nothing runni
 once, and batches form only while a commit is in flight, as in a database's own log (the group
 commit of PostgreSQL's WAL and of InnoDB). A write's error rolls back its savepoint and reaches
 its caller alone; a failed commit reaches every caller of the batch, none of whose writes landed.
+
+A batch holds the row lock of every account it writes for until it commits, so batches of two
+processes on the same accounts would deadlock if each took its locks in arrival order. Each
+write names its accounts, and the batch locks all of them first, in ascending id, in one
+statement (`billing.locks.lock_accounts`); its writes then touch only rows of those accounts.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,6 +32,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from billing.db import session_scope
+from billing.locks import lock_accounts
 
 T = TypeVar("T")
 Work = Callable[[Session], Any]
@@ -38,6 +44,7 @@ MAX_BATCH = 64  # writes per transaction: bounds how long one batch holds the wr
 class _Write:
     work: Work
     future: asyncio.Future[Any]
+    accounts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,14 +62,17 @@ class GroupCommit:
         self._queue: list[_Write] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def run(self, work: Callable[[Session], T]) -> T:
+    async def run(self, work: Callable[[Session], T], *, accounts: Iterable[int] = ()) -> T:
         """`work`'s result once its transaction has committed; its error if it raised (its
         writes rolled back, the batch's others kept); the commit's error if that failed.
+
+        `accounts`: every account whose rows `work` writes or refers to (holds, ledger entries,
+        idempotency records); the batch locks them before any write runs.
 
         A caller cancelled before its batch starts leaves nothing written; one cancelled after
         leaves its write to land or fail with the batch."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Write(work, future))
+        self._queue.append(_Write(work, future, tuple(accounts)))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
@@ -74,7 +84,7 @@ class GroupCommit:
             if not batch:
                 continue
             try:
-                outcomes = await to_thread.run_sync(self._commit, [w.work for w in batch])
+                outcomes = await to_thread.run_sync(self._commit, batch)
             except Exception as exc:  # the transaction failed as a whole
                 outcomes = [_Outcome(error=exc)] * len(batch)
             except BaseException:  # cancelled (the loop is closing): nobody may wait forever
@@ -84,9 +94,10 @@ class GroupCommit:
                 raise
             _answer(batch, outcomes)
 
-    def _commit(self, works: list[Work]) -> list[_Outcome]:
+    def _commit(self, batch: list[_Write]) -> list[_Outcome]:
         with session_scope(self._engine) as session:
-            return [_attempt(session, work) for work in works]
+            lock_accounts(session, (account for write in batch for account in write.accounts))
+            return [_attempt(session, write.work) for write in batch]
 
 
 def _attempt(session: Session, work: Work) -> _Outcome:

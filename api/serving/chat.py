@@ -34,7 +34,6 @@ from api.errors import (
     from_domain,
     model_not_found,
 )
-from api.limits import ConcurrencyLimiter
 from api.metrics import Metrics
 from api.protocol import (
     AssistantMessage,
@@ -124,13 +123,11 @@ class ChatService:
         *,
         engines: Mapping[str, EngineClient],
         books: Books,
-        limiter: ConcurrencyLimiter,
         metrics: Metrics,
         settings: ApiSettings,
     ) -> None:
         self.engines = engines
         self.books = books
-        self.limiter = limiter
         self.metrics = metrics
         self.settings = settings
         self.prices = settings.prices()
@@ -172,18 +169,14 @@ class ChatService:
         price = self.prices.get(request.model, 1.0)
         chat_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
 
-        self.limiter.acquire(account_id)
-        try:
-            hold = await self.books.hold(
-                account_id=account_id,
-                request_id=chat_id,
-                min_cost=cost_of(prompt + n, price),
-                max_cost=cost_of(prompt + n * max_new, price),
-                model=request.model,
-            )
-        except BaseException:
-            self.limiter.release(account_id)
-            raise
+        # the key's limit of requests in flight is enforced by the hold's own statement
+        hold = await self.books.hold(
+            account_id=account_id,
+            request_id=chat_id,
+            min_cost=cost_of(prompt + n, price),
+            max_cost=cost_of(prompt + n * max_new, price),
+            model=request.model,
+        )
         affordable = max_new
         while cost_of(prompt + n * affordable, price) > hold.amount:
             affordable = min(affordable - 1, int(hold.amount / price - prompt) // n)
@@ -391,7 +384,7 @@ class ChatService:
             # nothing generated yet: only extend the hold (a crash now must not bill the prompt)
             used = prepared.tally.cost() if prepared.tally.completion_tokens else 0
             try:
-                await self.books.checkpoint(prepared.id, used)
+                await self.books.checkpoint(prepared.id, used, account_id=prepared.account_id)
             except DATABASE_UNAVAILABLE as exc:  # the hold still caps it; settling bills it all
                 logger.warning(
                     "checkpoint of %s failed, generation goes on: %s",
@@ -423,7 +416,6 @@ class ChatService:
             return
         prepared.closed = True
         prepared.arrived()  # in case it never reached `_outputs`
-        self.limiter.release(prepared.account_id)
         try:
             await self._resolve_hold(prepared)
         except DATABASE_UNAVAILABLE as exc:
@@ -443,9 +435,10 @@ class ChatService:
     async def _resolve_hold(self, prepared: PreparedChat) -> None:
         tally = prepared.tally
         if tally.completion_tokens == 0:
-            await self.books.release(prepared.id)
+            await self.books.release(prepared.id, account_id=prepared.account_id)
         elif not await self.books.settle(
             prepared.id,
+            account_id=prepared.account_id,
             cost=tally.cost(),
             prompt_tokens=tally.prompt_tokens,
             completion_tokens=tally.completion_tokens,
