@@ -1,12 +1,18 @@
 """Periodic work: balance notices and reconciliation with Telegram's Star transactions.
 
 Both run from the application's job queue, and both are plain functions of the application so
-tests call them directly instead of waiting for a timer.
+tests call them directly instead of waiting for a timer. Each runs in one bot process at a time
+(an advisory lock, `billing.locks.single_runner`; another process's run is skipped), and the
+reconciliation's position and the problems it reported live in the database
+(`billing.job_state`), so a restart neither rescans from the start nor reports again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from sqlmodel import Session
@@ -14,7 +20,9 @@ from telegram import StarTransaction, TransactionPartnerUser
 from telegram.error import TelegramError
 from telegram.ext import Application, ContextTypes
 
+from billing import job_state
 from billing.accounts import get_account
+from billing.locks import single_runner
 from billing.notices import Notice, claim_notices
 from billing.reconcile import ChargeResult, StarCharge, reconcile_charge
 from bot.alerts import tell_operators
@@ -26,9 +34,21 @@ logger = logging.getLogger(__name__)
 
 PAGE = 100  # getStarTransactions' largest page
 MAX_PAGES_PER_RUN = 20  # the rest waits for the next run
-OFFSET = "tokenshop.reconcile_offset"
-REPORTED = "tokenshop.reconcile_reported"
+RECONCILE = "reconcile"  # the job's name in job_state and reported_problem
+RECONCILE_LOCK = "tokenshop.bot.reconcile"
+NOTICES_LOCK = "tokenshop.bot.notices"
 INVOICE_PAYMENT = "invoice_payment"
+
+
+@asynccontextmanager
+async def alone(shop: Runtime, name: str) -> AsyncIterator[bool]:
+    """True while this process alone runs job `name`; False if another bot process runs it."""
+    runner = single_runner(shop.engine, name)
+    held = await asyncio.to_thread(runner.__enter__)
+    try:
+        yield held
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
 
 
 async def send_balance_notices(application: Application) -> list[Notice]:  # type: ignore[type-arg]
@@ -39,7 +59,10 @@ async def send_balance_notices(application: Application) -> list[Notice]:  # typ
     def work(session: Session) -> list[Notice]:
         return claim_notices(session=session, threshold=threshold)
 
-    notices = await shop.run(work)
+    async with alone(shop, NOTICES_LOCK) as mine:
+        if not mine:
+            return []
+        notices = await shop.run(work)
     for notice in notices:
         language = language_for(notice.language)
         text = t(
@@ -58,17 +81,24 @@ class ReconcileReport:
     credited: list[str] = field(default_factory=list)  # charge ids
     refunded: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    problem_charges: dict[str, str] = field(default_factory=dict)  # problem -> charge id
+    skipped: bool = False  # another bot process was running it
 
 
 async def reconcile_star_transactions(application: Application) -> ReconcileReport:  # type: ignore[type-arg]
-    """Walk Telegram's Star transactions from where the last run stopped and repair the books.
-
-    Everything here is idempotent, so a restart that starts again from the first transaction
-    costs only time.
-    """
+    """Walk Telegram's Star transactions from where the last run stopped (in any bot process)
+    and repair the books. Everything here is idempotent, so walking a page again costs only
+    time."""
     shop = runtime_of(application.bot_data)
+    async with alone(shop, RECONCILE_LOCK) as mine:
+        if not mine:
+            return ReconcileReport(skipped=True)
+        return await _reconcile_pages(application, shop)
+
+
+async def _reconcile_pages(application: Application, shop: Runtime) -> ReconcileReport:  # type: ignore[type-arg]
     report = ReconcileReport()
-    offset: int = application.bot_data.get(OFFSET, 0)
+    offset = await shop.read(lambda s: job_state.position(session=s, job=RECONCILE))
     for _ in range(MAX_PAGES_PER_RUN):
         page = await application.bot.get_star_transactions(offset=offset, limit=PAGE)
         charges = [charge for tx in page.transactions if (charge := star_charge(tx)) is not None]
@@ -80,15 +110,17 @@ async def reconcile_star_transactions(application: Application) -> ReconcileRepo
         offset += len(page.transactions)
         if len(page.transactions) < PAGE:
             break
-    application.bot_data[OFFSET] = offset
-    reported: set[str] = application.bot_data.setdefault(REPORTED, set())
-    fresh = [problem for problem in report.problems if problem not in reported]
+    await shop.run(lambda s: job_state.save_position(session=s, job=RECONCILE, position=offset))
+    fresh = await shop.read(
+        lambda s: job_state.unreported(session=s, job=RECONCILE, messages=report.problems)
+    )
     if fresh:
-        reported.update(fresh)
         items = "\n".join(f"• {problem}" for problem in fresh)
         await tell_operators(
             application.bot, shop.settings, t("en", "reconcile_report", items=items)
         )
+        told = [(report.problem_charges.get(problem), problem) for problem in fresh]
+        await shop.run(lambda s: job_state.record_reported(session=s, job=RECONCILE, problems=told))
     return report
 
 
@@ -130,6 +162,7 @@ async def _follow_up(
 ) -> None:
     if result.outcome == "problem" and result.problem:
         report.problems.append(result.problem)
+        report.problem_charges[result.problem] = charge.charge_id
     elif result.outcome == "credited" and delivery is not None:
         logger.warning("reconciliation credited missing charge %s", charge.charge_id)
         report.credited.append(charge.charge_id)
