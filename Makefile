@@ -43,10 +43,12 @@ bot: migrate
 test: $(VENV)/.dev-installed $(OPS_LIBRARY)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# lint-imports checks who may import whom: the contracts under [tool.importlinter] in pyproject.
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check api bot billing tests bench
-	$(BIN)/ruff format --check api bot billing tests bench
-	$(BIN)/mypy api billing bot
+	$(BIN)/ruff check api bot billing tokenshop tests bench
+	$(BIN)/ruff format --check api bot billing tokenshop tests bench
+	$(BIN)/mypy api billing bot tokenshop
+	$(BIN)/lint-imports
 
 demo-model: $(VENV)/.dev-installed
 	$(BIN)/python models/make_demo.py models/demo

@@ -1,8 +1,9 @@
-"""The `tokenshop` command: the operator's console for the books, the API and the bot.
+"""Billing's `tokenshop` commands (keys, grant, balance, audit, sweep, packs, migrate) and the
+runner every package's commands share.
 
 Bad arguments print one line, `tokenshop: error: ...`, and exit 2; `audit` exits 1 when the
-books do not balance. The API and the bot are imported only by the commands that run them, so
-the bookkeeping commands start fast and need neither.
+books do not balance. The API's and the bot's commands live in api/cli.py and bot/cli.py;
+tokenshop/cli.py puts all of them under one name.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,13 +25,7 @@ from billing.errors import BillingError
 from billing.models import Account
 from billing.settings import BillingSettings
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    help="Tokenshop: a paid OpenAI-compatible API.",
-)
+app = typer.Typer(rich_markup_mode=None, help="The books: accounts, keys and balances.")
 keys_app = typer.Typer(no_args_is_help=True, help="Issue, show, rotate and revoke API keys.")
 app.add_typer(keys_app, name="keys")
 
@@ -40,7 +34,7 @@ TelegramOpt = Annotated[int | None, typer.Option("--telegram-id", help="Telegram
 
 
 class CliError(Exception):
-    """A one-line message for the operator; exits 2."""
+    """A one-line message for the operator; exits 2. Any package's command may raise it."""
 
 
 @contextmanager
@@ -58,54 +52,6 @@ def _account(session: Session, account_id: int | None, telegram_id: int | None) 
     if (account_id is None) == (telegram_id is None):
         raise CliError("give exactly one of --account and --telegram-id")
     return accounts.get_account(session=session, account_id=account_id, telegram_id=telegram_id)
-
-
-@app.command()
-def serve(
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    workers: Annotated[int, typer.Option(help="Worker processes.")] = 1,
-) -> None:
-    """Serve the OpenAI-compatible API."""
-    import uvicorn
-
-    uvicorn.run(
-        "api.main:app_from_environment",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        proxy_headers=True,
-        log_config=None,
-    )
-
-
-@app.command()
-def bot() -> None:
-    """Run the Telegram bot."""
-    from bot.__main__ import main as run_bot
-
-    run_bot()
-
-
-@app.command("export-model")
-def export_model(
-    source: Annotated[str, typer.Argument(help="A local transformers dir or a hub id.")],
-    out: Annotated[Path, typer.Argument(help="The export dir to create (then add it to MODELS).")],
-    quantize: Annotated[
-        str | None,
-        typer.Option(help="Quantize the weights: int8 or int4 (4x or ~7x less to read per token)."),
-    ] = None,
-) -> None:
-    """Export a model to ONNX for serving (needs the `export` extra)."""
-    from api.engine.export.exporter import ExportFailed, ExportUnavailable
-    from api.engine.export.exporter import export_model as export
-
-    try:
-        result = export(source, out, quantize, progress=lambda line: typer.echo(line, err=True))
-    except (ExportUnavailable, ExportFailed, FileExistsError) as exc:
-        raise CliError(str(exc)) from exc
-    typer.echo(result.path)
 
 
 @app.command()
@@ -246,9 +192,9 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
-def main(args: list[str] | None = None) -> None:
-    """Run the CLI with one-line errors instead of tracebacks and usage boxes."""
-    command = typer.main.get_command(app)
+def run(cli: typer.Typer, args: list[str] | None = None) -> None:
+    """Run a command line with one-line errors instead of tracebacks and usage boxes."""
+    command = typer.main.get_command(cli)
     try:
         code = command(args=args, standalone_mode=False)
     except TyperException as exc:  # usage errors: unknown command, bad or missing option

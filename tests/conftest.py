@@ -8,8 +8,12 @@ tables as the test that started it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 from sqlalchemy import Engine, text
@@ -84,6 +88,26 @@ def billing_settings(database_url: str, tmp_path) -> BillingSettings:
 @pytest.fixture
 def secret_key(billing_settings: BillingSettings) -> bytes:
     return billing_settings.resolved_secret_key()
+
+
+@pytest.fixture
+def tokenshop(engine: Engine, database_url: str, tmp_path) -> Callable[..., CompletedProcess[str]]:
+    """Run `tokenshop ARGS` as the operator does (the installed command, a process of its own)
+    against the test's database; returns the completed process."""
+    command = Path(sys.executable).with_name("tokenshop")
+    env = os.environ | {"DATABASE_URL": database_url, "SECRET_KEY": TEST_SECRET_KEY, "PACKS": ""}
+
+    def run(*args: str, **env_overrides: str) -> CompletedProcess[str]:
+        return subprocess.run(
+            [str(command), *args],
+            cwd=tmp_path,
+            env=env | env_overrides,
+            capture_output=True,
+            text=True,
+            timeout=120,  # generous: a loaded machine starts Python slowly
+        )
+
+    return run
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ import pytest
 from sqlalchemy import event
 
 from api.logging import configure_logging
-from billing import cli, keys
+from billing import keys
 from tests.api.conftest import LiveServer
+from tokenshop import cli
 
 
 @pytest.fixture

@@ -1,42 +1,13 @@
-"""The operator's `tokenshop` command, run as the operator runs it: a subprocess."""
+"""Billing's `tokenshop` commands, run as the operator runs them: the installed command, a
+process of its own (the `tokenshop` fixture in tests/conftest.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from sqlmodel import Session
 
 from billing import keys
 from billing.models import Account
-from tests.conftest import TEST_SECRET_KEY
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def tokenshop(engine, database_url, tmp_path):
-    """Run `tokenshop ARGS` against the test's database; returns the completed process."""
-    env = os.environ | {
-        "DATABASE_URL": database_url,
-        "SECRET_KEY": TEST_SECRET_KEY,
-        "PACKS": "",
-    }
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", "from billing.cli import main; main()", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    return run
 
 
 def test_keys_issue_prints_a_working_key_as_its_last_line(tokenshop, engine):
@@ -86,7 +57,6 @@ def test_grant_adds_tokens(tokenshop):
         ("balance", "--account", "404"),
         ("keys", "issue"),
         ("keys", "issue", "--tokens", "-1"),
-        ("frobnicate",),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(tokenshop, args):
@@ -116,17 +86,3 @@ def test_packs_lists_the_catalog(tokenshop):
     result = tokenshop("packs")
     assert result.returncode == 0
     assert "starter\t100000 tokens\t50 XTR" in result.stdout
-
-
-def test_export_model_refuses_bad_arguments_in_one_line(tokenshop, tmp_path):
-    taken = tmp_path / "taken"
-    taken.mkdir()
-    (taken / "model.onnx").write_text("x")
-    for args in (
-        ("export-model", "some/model", str(tmp_path / "new"), "--quantize", "int3"),
-        ("export-model", "some/model", str(taken)),
-    ):
-        result = tokenshop(*args)
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.startswith("tokenshop: error: ")
-        assert result.stderr.count("\n") == 1

@@ -1,0 +1,1 @@
+"""The `tokenshop` command, assembled from the commands each package contributes."""
