@@ -26,3 +26,16 @@ def find_purchase(*, session: Session, charge_id: str) -> PurchaseOwner | None:
         return None
     purchase, telegram_id = row
     return PurchaseOwner(purchase, telegram_id)
+
+
+def purchase_by_id(*, session: Session, purchase_id: int) -> PurchaseOwner | None:
+    """A purchase by its row id (what a button carries: charge ids can pass 64 bytes)."""
+    row = session.exec(
+        select(Purchase, Account.telegram_id)
+        .join(Account, col(Account.id) == Purchase.account_id)
+        .where(col(Purchase.id) == purchase_id)
+    ).first()
+    if row is None:
+        return None
+    purchase, telegram_id = row
+    return PurchaseOwner(purchase, telegram_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, Column, Index, Integer, UniqueConstraint, text
+from sqlalchemy import BigInteger, CheckConstraint, Column, Integer, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 # Token amounts are 64-bit: PostgreSQL's INTEGER stops at 2,147,483,647, which a big account's
@@ -45,26 +45,22 @@ class Account(SQLModel, table=True):
     open_holds: int = 0
     terms_accepted_at: datetime | None = None
     notice_level: str = Field(default="ok", max_length=16)  # last balance notice sent
+    chosen_language: str | None = Field(default=None, max_length=16)  # the bot's language picker
+    # the code in this buyer's referral link, /start ref_<code>
+    referral_code: str | None = Field(default=None, max_length=32, unique=True, index=True)
+    blocked_at: datetime | None = None  # the user blocked the bot: no notices until unblocked
     created_at: datetime = Field(default_factory=utcnow)
 
 
 class ApiKey(SQLModel, table=True):
-    """A key's salt and hash; the key itself is HMAC(SECRET_KEY, salt) and is never stored."""
+    """A key's salt and hash; the key itself is HMAC(SECRET_KEY, salt) and is never stored.
+    An account has several named keys; `billing.keys` caps how many are live at once."""
 
     __tablename__ = "api_key"
-    __table_args__ = (
-        # At most one live key per account, even if two rotations race.
-        Index(
-            "uq_api_key_one_active_per_account",
-            "account_id",
-            unique=True,
-            sqlite_where=text("revoked_at IS NULL"),
-            postgresql_where=text("revoked_at IS NULL"),
-        ),
-    )
 
     id: int | None = Field(default=None, primary_key=True)
     account_id: int = Field(foreign_key="account.id", index=True)
+    name: str = Field(default="default", max_length=64)
     salt: str = Field(max_length=64)
     key_hash: str = Field(max_length=64, unique=True)
     hint: str = Field(max_length=8)  # last characters, for the masked form
@@ -151,6 +147,8 @@ class Hold(SQLModel, table=True):
     used: int = Field(default=0, sa_type=TOKENS)  # last checkpointed usage; a crash bills this much
     state: str = Field(default="held", max_length=16, index=True)
     model: str | None = Field(default=None, max_length=255)
+    # the key that asked; its usage entry (request_id = this id) is that key's usage
+    key_id: int | None = Field(default=None, index=True)  # an api_key.id; keys are never deleted
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime = Field(index=True)
     resolved_at: datetime | None = None
@@ -215,3 +213,110 @@ class ReportedProblem(SQLModel, table=True):
     charge_id: str | None = Field(default=None, max_length=255, index=True)
     message: str
     reported_at: datetime = Field(default_factory=utcnow)
+
+
+class StrayCharge(SQLModel, table=True):
+    """A paid charge that could not be credited (its order was already paid, unknown, of
+    someone else): recorded once per charge id and paid back, never left in limbo."""
+
+    __tablename__ = "stray_charge"
+
+    id: int | None = Field(default=None, primary_key=True)
+    telegram_payment_charge_id: str = Field(max_length=255, unique=True)
+    telegram_id: int = Field(sa_type=BigInteger, index=True)
+    account_id: int | None = Field(default=None, foreign_key="account.id", index=True)
+    amount: int  # Stars
+    currency: str = Field(default="XTR", max_length=8)
+    payload: str | None = Field(default=None, max_length=255)
+    reason: str = Field(max_length=32)  # paid, unknown, someone_else, ...
+    created_at: datetime = Field(default_factory=utcnow)
+    refund_tried_at: datetime | None = None  # the last claim to refund it (one caller at a time)
+    refunded_at: datetime | None = None
+    refund_error: str | None = Field(default=None, max_length=255)
+
+
+class SupportMessage(SQLModel, table=True):
+    """A message between a buyer and the operators, written in the bot."""
+
+    __tablename__ = "support_message"
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="account.id", index=True)
+    operator_id: int | None = Field(default=None, sa_type=BigInteger)  # None: from the buyer
+    text: str = Field(max_length=4096)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class SupportCopy(SQLModel, table=True):
+    """Where a buyer's message was shown to an operator, so that a reply to it finds the buyer."""
+
+    __tablename__ = "support_copy"
+    __table_args__ = (UniqueConstraint("chat_id", "message_id", name="uq_support_copy_message"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    support_message_id: int = Field(foreign_key="support_message.id", index=True)
+    chat_id: int = Field(sa_type=BigInteger)
+    message_id: int = Field(sa_type=BigInteger)
+
+
+class PromoCode(SQLModel, table=True):
+    """Tokens an operator gives away: each account redeems a code once, `max_uses` in all."""
+
+    __tablename__ = "promo_code"
+    __table_args__ = (
+        CheckConstraint("tokens > 0 AND max_uses > 0", name="ck_promo_code_positive"),
+        CheckConstraint("uses >= 0 AND uses <= max_uses", name="ck_promo_code_uses_within_max"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    code: str = Field(max_length=32, unique=True)
+    tokens: int = Field(sa_type=TOKENS)
+    max_uses: int
+    uses: int = 0
+    expires_at: datetime | None = None
+    created_by: int | None = Field(default=None, sa_type=BigInteger)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class PromoRedemption(SQLModel, table=True):
+    __tablename__ = "promo_redemption"
+    __table_args__ = (
+        UniqueConstraint("promo_id", "account_id", name="uq_promo_redemption_once_per_account"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    promo_id: int = Field(foreign_key="promo_code.id")
+    account_id: int = Field(foreign_key="account.id", index=True)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Referral(SQLModel, table=True):
+    """Who brought whom; the referrer is rewarded once, on the referred buyer's first purchase,
+    with the share that was in force when the link was followed."""
+
+    __tablename__ = "referral"
+    __table_args__ = (
+        CheckConstraint("share_percent >= 0 AND share_percent <= 100", name="ck_referral_share"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    referrer_id: int = Field(foreign_key="account.id", index=True)
+    referred_id: int = Field(foreign_key="account.id", unique=True)
+    share_percent: int
+    created_at: datetime = Field(default_factory=utcnow)
+    rewarded_at: datetime | None = None
+    reward_tokens: int = Field(default=0, sa_type=TOKENS)
+    purchase_id: int | None = Field(default=None, foreign_key="purchase.id")
+
+
+class StoredResponse(SQLModel, table=True):
+    """A Responses API answer kept for its account (`store`, the default): the conversation up to
+    it, so `previous_response_id` continues it on any replica. Deleted after retention."""
+
+    __tablename__ = "stored_response"
+
+    id: str = Field(primary_key=True, max_length=64)  # resp_...
+    account_id: int = Field(foreign_key="account.id", index=True)
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+    conversation: str  # JSON: the input items that led to it, earlier turns included
+    response: str  # JSON: the response object as it was sent

@@ -3,7 +3,8 @@
 An order is what the buyer chose (a pack snapshot, a price, an expiry); its opaque id is the
 invoice payload. The pre-checkout check reads only the database, so it answers well within
 Telegram's 10 seconds. A purchase is credited once per `telegram_payment_charge_id`, enforced by
-a unique constraint, so a repeated update, a restart or two workers never credit twice.
+a unique constraint, so a repeated update, a restart or two workers never credit twice. The
+first purchase of a referred buyer pays the referrer's share in the same transaction.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from billing.errors import OrderError
 from billing.ledger import credit, lock_account
 from billing.models import Account, Order, Purchase, utcnow
 from billing.packs import Pack
+from billing.referrals import Reward, referrer_of, reward
 
 ORDER_TTL = timedelta(hours=1)
 
@@ -28,6 +30,7 @@ ORDER_TTL = timedelta(hours=1)
 class CreditResult:
     purchase: Purchase
     newly_credited: bool
+    referral: Reward | None = None  # the referrer's share this purchase paid
 
 
 def create_order(
@@ -83,7 +86,10 @@ def credit_purchase(
     existing = _find_purchase(session, charge_id)
     if existing is not None:
         return CreditResult(existing, newly_credited=False)
-    lock_account(session, account_id)  # before the purchase row, which refers to it
+    # Both accounts' rows before any row that refers to them, in ascending id (billing.locks).
+    referrer = referrer_of(session=session, account_id=account_id)
+    for locked in sorted({account_id, referrer or account_id}):
+        lock_account(session, locked)
     purchase = Purchase(
         account_id=account_id,
         order_id=order_id,
@@ -118,7 +124,8 @@ def credit_purchase(
         kind="purchase",
         purchase_id=purchase.id,
     )
-    return CreditResult(purchase, newly_credited=True)
+    paid = reward(session=session, purchase=purchase)
+    return CreditResult(purchase, newly_credited=True, referral=paid)
 
 
 def _mark_paid(session: Session, order_id: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Literal
 
 from sqlmodel import Session, col, select
 
+from billing import stray_charges
 from billing.errors import OrderError
 from billing.ledger import refund_purchase
 from billing.models import Account, Order, Purchase
@@ -60,6 +61,8 @@ def reconcile_charge(*, session: Session, charge: StarCharge) -> ChargeResult:
                 f"the purchase records {purchase.price}"
             )
         return ChargeResult("matched", purchase)
+    if stray_charges.find(session=session, charge_id=charge.charge_id) is not None:
+        return ChargeResult("matched")  # a stray charge the bot recorded and pays back
     return _credit_missing(session, charge)
 
 

@@ -1,17 +1,21 @@
-"""The operator's figures for `/stats`: buyers, Stars taken and tokens sold, granted and used.
+"""Figures from the books: the operator's `/stats` (buyers, Stars taken, tokens sold, granted and
+used) and a buyer's usage by day, model and key, with its CSV export.
 
 Read-only aggregates over purchases and the ledger, so they agree with `audit` by construction.
+A usage entry's request id is its hold's id, and the hold names the key that asked.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 from dataclasses import dataclass
 from datetime import datetime, time
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlmodel import Session, col
 
-from billing.models import LedgerEntry, Purchase, utcnow
+from billing.models import ApiKey, Hold, LedgerEntry, Purchase, utcnow
 
 
 @dataclass(frozen=True)
@@ -64,3 +68,114 @@ def start_of_day(now: datetime | None = None) -> datetime:
     """Midnight UTC of `now`'s day: "today" in `/stats`."""
     now = now or utcnow()
     return datetime.combine(now.date(), time.min, tzinfo=now.tzinfo)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One day's requests to one model (UTC days)."""
+
+    day: str  # YYYY-MM-DD
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    charged: int  # balance tokens billed: the model's prices applied
+
+
+@dataclass(frozen=True)
+class KeyUsage:
+    requests: int
+    charged: int
+
+
+def _usage(account_id: int) -> list[ColumnElement[bool]]:
+    # A released hold (nothing generated) is a usage entry of 0 tokens: not a billed request.
+    return [
+        col(LedgerEntry.account_id) == account_id,
+        col(LedgerEntry.kind) == "usage",
+        col(LedgerEntry.amount) != 0,
+    ]
+
+
+def usage_by_day(
+    *,
+    session: Session,
+    account_id: int,
+    key_id: int | None = None,
+    page: int = 0,
+    per_page: int = 10,
+) -> tuple[list[UsageRow], bool]:
+    """A page of (day, model) rows, newest day first, and whether an older page exists. With
+    `key_id`, only that key's requests."""
+    day = func.date(LedgerEntry.created_at)
+    query = select(
+        day,
+        func.coalesce(LedgerEntry.model, ""),
+        func.count(),
+        func.coalesce(func.sum(LedgerEntry.prompt_tokens), 0),
+        func.coalesce(func.sum(LedgerEntry.completion_tokens), 0),
+        func.coalesce(func.sum(-col(LedgerEntry.amount)), 0),
+    ).where(*_usage(account_id))
+    if key_id is not None:
+        query = query.join(Hold, col(Hold.id) == LedgerEntry.request_id).where(
+            col(Hold.key_id) == key_id
+        )
+    rows = session.execute(
+        query.group_by(day, col(LedgerEntry.model))
+        .order_by(day.desc(), col(LedgerEntry.model))
+        .limit(per_page + 1)
+        .offset(max(page, 0) * per_page)
+    ).all()
+    usage = [
+        UsageRow(str(d), str(m) or "—", int(n), int(p), int(c), int(t))
+        for d, m, n, p, c, t in rows[:per_page]
+    ]
+    return usage, len(rows) > per_page
+
+
+def usage_by_key(*, session: Session, account_id: int) -> dict[int | None, KeyUsage]:
+    """Requests and tokens billed per key id (None: requests from before keys were recorded)."""
+    rows = session.execute(
+        select(col(Hold.key_id), func.count(), func.coalesce(func.sum(-col(LedgerEntry.amount)), 0))
+        .select_from(LedgerEntry)
+        .outerjoin(Hold, col(Hold.id) == LedgerEntry.request_id)
+        .where(*_usage(account_id))
+        .group_by(col(Hold.key_id))
+    ).all()
+    return {key_id: KeyUsage(int(n), int(t)) for key_id, n, t in rows}
+
+
+CSV_LIMIT = 100_000
+
+
+def usage_csv(*, session: Session, account_id: int, limit: int = CSV_LIMIT) -> str:
+    """Every billed request of the account, oldest first, as CSV (a buyer's export)."""
+    rows = session.execute(
+        select(
+            col(LedgerEntry.created_at),
+            col(LedgerEntry.request_id),
+            col(LedgerEntry.model),
+            col(ApiKey.name),
+            col(ApiKey.hint),
+            col(LedgerEntry.prompt_tokens),
+            col(LedgerEntry.completion_tokens),
+            -col(LedgerEntry.amount),
+        )
+        .select_from(LedgerEntry)
+        .outerjoin(Hold, col(Hold.id) == LedgerEntry.request_id)
+        .outerjoin(ApiKey, col(ApiKey.id) == Hold.key_id)
+        .where(*_usage(account_id))
+        .order_by(col(LedgerEntry.id))
+        .limit(limit)
+    ).all()
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(
+        ["time_utc", "request_id", "model", "key", "prompt_tokens", "completion_tokens", "charged"]
+    )
+    for created, request_id, model, name, hint, prompt, completion, charged in rows:
+        key = f"{name} (…{hint})" if name else ""
+        writer.writerow(
+            [f"{created:%Y-%m-%d %H:%M:%S}", request_id, model, key, prompt, completion, charged]
+        )
+    return out.getvalue()

@@ -21,34 +21,68 @@ from telegram.error import TelegramError
 from telegram.ext import (
     Application,
     CallbackQueryHandler,
+    ChatMemberHandler,
     CommandHandler,
+    ContextTypes,
     Defaults,
     MessageHandler,
     PreCheckoutQueryHandler,
+    TypeHandler,
     filters,
 )
 
 from billing.db import make_engine
 from bot import keyboards
-from bot.handlers import admin, balance, errors, key, payments, shop, start, support
+from bot.handlers import (
+    admin,
+    balance,
+    errors,
+    growth,
+    key,
+    language,
+    members,
+    payments,
+    shop,
+    start,
+    support,
+)
 from bot.jobs import notices_job, reconcile_job
 from bot.logs import protect_token
-from bot.runtime import RUNTIME, SETTINGS, Runtime, runtime_of
+from bot.runtime import RUNTIME, SETTINGS, Runtime, remember_language, runtime_of
 from bot.settings import BotSettings
 from bot.texts import DEFAULT, LANGUAGES, Lang, plain
 
 logger = logging.getLogger(__name__)
 
-ALLOWED_UPDATES = [Update.MESSAGE, Update.CALLBACK_QUERY, Update.PRE_CHECKOUT_QUERY]
+ALLOWED_UPDATES = [
+    Update.MESSAGE,
+    Update.CALLBACK_QUERY,
+    Update.PRE_CHECKOUT_QUERY,
+    Update.MY_CHAT_MEMBER,
+]
 CONCURRENT_UPDATES = 64
 FIRST_NOTICES_AFTER_S = 10
 FIRST_RECONCILE_AFTER_S = 60
 
-COMMANDS = ("start", "buy", "key", "balance", "paysupport", "terms", "privacy", "help")
+COMMANDS = (
+    "start",
+    "buy",
+    "key",
+    "balance",
+    "paysupport",
+    "promo",
+    "invite",
+    "language",
+    "terms",
+    "privacy",
+    "help",
+)
 _ADMIN_COMMANDS = [
     ("stats", "Buyers, revenue, tokens"),
     ("refund", "<charge_id>: refund a payment"),
     ("grant", "<telegram_id> <tokens>: give tokens"),
+    ("promo_new", "<code> <tokens> <uses> [days]: a promo code"),
+    ("promos", "Promo codes and their uses"),
 ]
 
 
@@ -81,12 +115,15 @@ def build_application(settings: BotSettings) -> Application:  # type: ignore[typ
 def _add_handlers(application: Application, settings: BotSettings) -> None:  # type: ignore[type-arg]
     private = filters.ChatType.PRIVATE
     operators = filters.User(user_id=settings.admin_telegram_ids) & private
+    # Group -2: the sender's chosen language, read once per process, before any reply.
+    application.add_handler(TypeHandler(Update, remember_language), group=-2)
     # Group -1: money first, never behind anything else.
     application.add_handler(PreCheckoutQueryHandler(payments.on_pre_checkout), group=-1)
     application.add_handlers(
         [
             MessageHandler(filters.SUCCESSFUL_PAYMENT, payments.on_successful_payment),
             MessageHandler(filters.StatusUpdate.REFUNDED_PAYMENT, payments.on_refunded_payment),
+            ChatMemberHandler(members.on_my_chat_member, ChatMemberHandler.MY_CHAT_MEMBER),
             CommandHandler("start", start.start, filters=private),
             CommandHandler("buy", shop.show_packs, filters=private),
             CommandHandler("key", key.show_key, filters=private),
@@ -95,17 +132,37 @@ def _add_handlers(application: Application, settings: BotSettings) -> None:  # t
             CommandHandler("terms", support.show_terms),
             CommandHandler("privacy", support.show_privacy),
             CommandHandler("paysupport", support.pay_support, filters=private),
+            CommandHandler("promo", growth.redeem_promo, filters=private),
+            CommandHandler("invite", growth.invite, filters=private),
+            CommandHandler("language", language.choose, filters=private),
             CommandHandler("stats", admin.stats, filters=operators),
             CommandHandler("refund", admin.refund, filters=operators),
             CommandHandler("grant", admin.grant, filters=operators),
+            CommandHandler("promo_new", admin.new_promo, filters=operators),
+            CommandHandler("promos", admin.list_promos, filters=operators),
             CallbackQueryHandler(shop.on_accept_terms, pattern=keyboards.TERMS_PATTERN),
             CallbackQueryHandler(shop.on_pack, pattern=keyboards.PACK_PATTERN),
             CallbackQueryHandler(key.on_key_action, pattern=keyboards.KEY_PATTERN),
+            CallbackQueryHandler(admin.on_refund_action, pattern=keyboards.REFUND_PATTERN),
+            CallbackQueryHandler(support.ask, pattern=keyboards.SUPPORT_PATTERN),
+            CallbackQueryHandler(balance.on_usage_action, pattern=keyboards.USAGE_PATTERN),
+            CallbackQueryHandler(language.on_language, pattern=keyboards.LANGUAGE_PATTERN),
+            MessageHandler(filters.REPLY & filters.TEXT & ~filters.COMMAND & private, replies),
             MessageHandler(filters.Text(list(keyboards.menu_labels())) & private, start.on_menu),
             MessageHandler(filters.COMMAND & private, support.unknown_command),
             MessageHandler(filters.TEXT & private, support.fallback),
         ]
     )
+
+
+async def replies(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """A text sent as a reply to one of the bot's messages: a key's new name, or support."""
+    message = update.effective_message
+    assert message is not None and message.reply_to_message is not None
+    if key.is_rename_prompt(message.reply_to_message.text):
+        await key.on_rename_reply(update, context)
+    else:
+        await support.on_reply(update, context)
 
 
 async def _post_init(application: Application) -> None:  # type: ignore[type-arg]

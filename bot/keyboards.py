@@ -17,16 +17,22 @@ from bot.texts import plain as t
 
 PACK = "pack:"
 TERMS_ACCEPT = "terms:accept"
-KEY_SNIPPET = "key:snippet"
-KEY_ROTATE = "key:rotate"
-KEY_ROTATE_CONFIRM = "key:rotate-confirm"
-KEY_CANCEL = "key:cancel"
+KEY = "key:"  # key:list, key:new, key:cancel, key:<action>:<key id>
+REFUND_PURCHASE = "refund:p:"  # + purchase id
+REFUND_CANCEL = "refund:cancel"
+SUPPORT_WRITE = "support:write"
+USAGE = "usage:"  # usage:page:<n>, usage:csv
+LANGUAGE = "lang:"  # + language code
 
 PACK_PATTERN = rf"^{PACK}"
 TERMS_PATTERN = rf"^{TERMS_ACCEPT}$"
-KEY_PATTERN = r"^key:"
+KEY_PATTERN = rf"^{KEY}"
+REFUND_PATTERN = r"^refund:"
+SUPPORT_PATTERN = rf"^{SUPPORT_WRITE}$"
+USAGE_PATTERN = rf"^{USAGE}"
+LANGUAGE_PATTERN = rf"^{LANGUAGE}"
 
-MENU_ACTIONS = ("buy", "key", "balance", "help")
+MENU_ACTIONS = ("buy", "key", "balance", "help", "support")
 
 
 def main_menu(lang: Lang) -> ReplyKeyboardMarkup:
@@ -34,7 +40,8 @@ def main_menu(lang: Lang) -> ReplyKeyboardMarkup:
     return ReplyKeyboardMarkup(
         [
             [t(lang, "button_buy"), t(lang, "button_key")],
-            [t(lang, "button_balance"), t(lang, "button_help")],
+            [t(lang, "button_balance"), t(lang, "button_support")],
+            [t(lang, "button_help")],
         ],
         resize_keyboard=True,
         is_persistent=True,
@@ -72,23 +79,80 @@ def accept_terms(lang: Lang) -> InlineKeyboardMarkup:
     )
 
 
-def key_actions(lang: Lang) -> InlineKeyboardMarkup:
+def key_actions(lang: Lang, key_id: int, *, several: bool) -> InlineKeyboardMarkup:
+    rows = [
+        [_button(lang, "button_snippet", f"{KEY}snippet:{key_id}")],
+        [
+            _button(lang, "button_rename", f"{KEY}rename:{key_id}"),
+            _button(lang, "button_rotate", f"{KEY}rotate:{key_id}"),
+            _button(lang, "button_revoke", f"{KEY}revoke:{key_id}"),
+        ],
+        [_button(lang, "button_new_key", f"{KEY}new")],
+    ]
+    if several:
+        rows.append([_button(lang, "button_all_keys", f"{KEY}list")])
+    return InlineKeyboardMarkup(rows)
+
+
+def key_list(lang: Lang, keys: Sequence[tuple[str, int]]) -> InlineKeyboardMarkup:
+    """One button per key (its label and id), and a new one."""
     return InlineKeyboardMarkup(
         [
-            [InlineKeyboardButton(t(lang, "button_snippet"), callback_data=KEY_SNIPPET)],
-            [InlineKeyboardButton(t(lang, "button_rotate"), callback_data=KEY_ROTATE)],
+            [InlineKeyboardButton(label, callback_data=f"{KEY}show:{key_id}")]
+            for label, key_id in keys
+        ]
+        + [[_button(lang, "button_new_key", f"{KEY}new")]]
+    )
+
+
+def confirm_key(lang: Lang, action: str, key_id: int) -> InlineKeyboardMarkup:
+    """Rotate or revoke, confirmed."""
+    return InlineKeyboardMarkup(
+        [
+            [
+                _button(lang, f"button_{action}_yes", f"{KEY}{action}-yes:{key_id}"),
+                _button(lang, "button_cancel", f"{KEY}cancel"),
+            ]
         ]
     )
 
 
-def confirm_rotation(lang: Lang) -> InlineKeyboardMarkup:
+def confirm_refund(lang: Lang, purchase_id: int, price: int) -> InlineKeyboardMarkup:
     return InlineKeyboardMarkup(
         [
             [
                 InlineKeyboardButton(
-                    t(lang, "button_rotate_yes"), callback_data=KEY_ROTATE_CONFIRM
+                    t(lang, "button_refund_yes", price=price),
+                    callback_data=f"{REFUND_PURCHASE}{purchase_id}",
                 ),
-                InlineKeyboardButton(t(lang, "button_cancel"), callback_data=KEY_CANCEL),
+                _button(lang, "button_cancel", REFUND_CANCEL),
             ]
         ]
     )
+
+
+def write_to_support(lang: Lang) -> InlineKeyboardMarkup:
+    return InlineKeyboardMarkup([[_button(lang, "button_write_support", SUPPORT_WRITE)]])
+
+
+def usage_pages(lang: Lang, page: int, older: bool) -> InlineKeyboardMarkup:
+    """Paging through usage by day, newest first, and the CSV export."""
+    row = []
+    if older:
+        row.append(_button(lang, "button_older", f"{USAGE}page:{page + 1}"))
+    if page > 0:
+        row.append(_button(lang, "button_newer", f"{USAGE}page:{page - 1}"))
+    return InlineKeyboardMarkup([row, [_button(lang, "button_csv", f"{USAGE}csv")]])
+
+
+def languages(names: dict[str, str]) -> InlineKeyboardMarkup:
+    return InlineKeyboardMarkup(
+        [
+            [InlineKeyboardButton(name, callback_data=f"{LANGUAGE}{code}")]
+            for code, name in names.items()
+        ]
+    )
+
+
+def _button(lang: Lang, text_id: str, data: str) -> InlineKeyboardButton:
+    return InlineKeyboardButton(t(lang, text_id), callback_data=data)

@@ -4,6 +4,10 @@ The engine belongs to the application's lifecycle (`post_init` makes it, `post_s
 disposes of it) and lives in `bot_data`. Database work is synchronous SQLAlchemy, so handlers
 run it in a worker thread, one short transaction per call, and the event loop (which must answer
 pre-checkout queries within Telegram's 10 seconds) never waits on a lock.
+
+A buyer's language is the one chosen in the picker, else their Telegram client's. The choice is
+in the database; each process keeps the choices it has read (`Runtime.languages`), filled by
+`remember_language`, which runs ahead of every handler for a user it has not seen yet.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -19,7 +23,8 @@ from sqlmodel import Session
 from telegram import Update
 from telegram.ext import ContextTypes
 
-from billing import accounts
+from billing import keys, referrals
+from billing.accounts import find_telegram_account
 from billing.db import reading, session_scope
 from billing.models import Account
 from billing.packs import Pack
@@ -39,6 +44,8 @@ class Runtime:
     engine: Engine
     secret_key: bytes
     catalog: tuple[Pack, ...]
+    # Telegram id -> the language chosen in the picker ("" for none), as last read or set
+    languages: dict[int, str] = field(default_factory=dict)
 
     async def run(self, work: Callable[[Session], T]) -> T:
         """Run `work(session)` in one transaction on a worker thread."""
@@ -73,20 +80,63 @@ def runtime_of(bot_data: Mapping[str, Any]) -> Runtime:
     return bot_data[RUNTIME]
 
 
-def lang(update: Update) -> Lang:
+def lang(update: Update, context: ContextTypes.DEFAULT_TYPE) -> Lang:
+    """The language to answer this update's sender in: chosen, else their client's."""
     user = update.effective_user
-    return language_for(user.language_code if user else None)
+    if user is None:
+        return language_for(None)
+    chosen = runtime(context).languages.get(user.id) if RUNTIME in context.bot_data else None
+    return language_for(chosen or user.language_code)
+
+
+async def remember_language(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """Group -2: read the sender's chosen language once per process (pre-checkout excluded: it
+    must answer fast and reads nothing it does not need)."""
+    user = update.effective_user
+    if user is None or update.pre_checkout_query is not None or RUNTIME not in context.bot_data:
+        return
+    shop = runtime(context)
+    if user.id in shop.languages:
+        return
+
+    def work(session: Session) -> str:
+        account = find_telegram_account(session=session, telegram_id=user.id)
+        return (account.chosen_language or "") if account else ""
+
+    shop.languages[user.id] = await shop.read(work)
+
+
+async def first_contact(
+    update: Update, context: ContextTypes.DEFAULT_TYPE
+) -> referrals.FirstContact:
+    """The sender's account, created on first contact (with the operator's starter tokens) and
+    kept up to date with their name and language."""
+    user = update.effective_user
+    assert user is not None
+    name = user.full_name[:NAME_LIMIT]
+    shop = runtime(context)
+    starter = shop.settings.starter_tokens
+
+    def work(session: Session) -> referrals.FirstContact:
+        contact = referrals.open_account(
+            session=session,
+            telegram_id=user.id,
+            name=name,
+            language=user.language_code,
+            starter_tokens=starter,
+        )
+        if contact.starter_tokens:  # tokens to try the API with, and the key to use them
+            assert contact.account.id is not None
+            keys.ensure_key(
+                session=session, account_id=contact.account.id, secret_key=shop.secret_key
+            )
+        return contact
+
+    contact = await shop.run(work)
+    shop.languages[user.id] = contact.account.chosen_language or ""
+    return contact
 
 
 async def account_of(update: Update, context: ContextTypes.DEFAULT_TYPE) -> Account:
     """The sender's account, created on first contact and kept up to date with their language."""
-    user = update.effective_user
-    assert user is not None
-    name = user.full_name[:NAME_LIMIT]
-
-    def work(session: Session) -> Account:
-        return accounts.get_or_create_account(
-            session=session, telegram_id=user.id, name=name, language=user.language_code
-        )
-
-    return await runtime(context).run(work)
+    return (await first_contact(update, context)).account

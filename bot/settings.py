@@ -27,7 +27,8 @@ class BotSettings(BillingSettings):
     admin_telegram_ids: Annotated[frozenset[int], NoDecode] = frozenset()
     public_api_base_url: str = "http://localhost:8000/v1"
     snippet_model: str = "demo"  # the model named in the ready-to-paste snippet
-    support_contact: str = ""  # e.g. "@shop_support" or an e-mail address, shown by /paysupport
+    # e.g. "@shop_support" or an e-mail address, shown by /paysupport beside the in-bot support
+    support_contact: str = ""
 
     webhook_url: str | None = None  # set to run in webhook mode instead of long polling
     webhook_secret_token: SecretStr | None = None  # required with WEBHOOK_URL
@@ -37,6 +38,14 @@ class BotSettings(BillingSettings):
     low_balance_tokens: int = Field(default=10_000, ge=0)  # 0: only the "ran out" notice
     notice_interval_seconds: float = Field(default=60, gt=0)
     reconcile_interval_seconds: float = Field(default=3600, gt=0)
+
+    # Refunds the terms promise: within this many days of a purchase, while the buyer's available
+    # balance still covers the pack (Stars refunds are all or nothing).
+    refund_window_days: int = Field(default=14, ge=0)
+    # Growth: the referrer's share (percent of the tokens) of a referred buyer's first purchase,
+    # and tokens given to every new account (0: none).
+    referral_share_percent: int = Field(default=10, ge=0, le=100)
+    starter_tokens: int = Field(default=0, ge=0)
 
     @field_validator("admin_telegram_ids", mode="before")
     @classmethod
@@ -48,6 +57,17 @@ class BotSettings(BillingSettings):
                 raise ValueError("must be Telegram user ids separated by commas, e.g. 123,456")
             return frozenset(int(part) for part in parts)
         return value
+
+    @model_validator(mode="after")
+    def _production_needs_operators(self) -> BotSettings:
+        """Support messages, stray charges and refunds go to the operators: a shop that sells
+        without anyone to receive them is not allowed to start."""
+        if self.environment == "production" and not self.admin_telegram_ids:
+            raise ValueError(
+                "ADMIN_TELEGRAM_IDS is required in production: support messages, refunds and "
+                "payment alerts go to the operators"
+            )
+        return self
 
     @model_validator(mode="after")
     def _webhook_needs_secret(self) -> BotSettings:

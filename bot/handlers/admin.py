@@ -1,25 +1,30 @@
 """Operator commands, registered only for `ADMIN_TELEGRAM_IDS`; anyone else falls through to the
 ordinary unknown-command reply, so the commands never reveal themselves.
 
-`/refund` asks Telegram first and changes the books only after Telegram returned the Stars: a
-failed call leaves everything as it was, and repeating the command is safe.
+`/refund` shows what a refund would reverse and what is spent already, and asks; then it asks
+Telegram first and changes the books only once the Stars are back with the buyer (a refusal
+leaves everything as it was; a lost answer is checked against Telegram's list of transactions,
+see `bot.refunds`). Repeating it is safe.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from sqlmodel import Session
 from telegram import Update
-from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
-from billing import accounts, keys, ledger, lookup
-from billing.errors import AccountNotFound, InvalidAmount
+from billing import accounts, keys, ledger, lookup, promos, stray_charges
+from billing.errors import AccountNotFound, InvalidAmount, PromoError
+from billing.models import PromoCode, StrayCharge, utcnow
 from billing.stats import ShopStats, shop_stats, start_of_day
-from bot.handlers.payments import refund_notice
+from bot import keyboards
+from bot.handlers.payments import refund_notice, tell
+from bot.refunds import pay_back, refund_stray
 from bot.runtime import lang, runtime
-from bot.texts import Html, Lang, language_for, number, t
+from bot.texts import Html, Lang, language_for, lines, number, t, when
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +39,7 @@ async def stats(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         )
 
     today, total = await runtime(context).read(work)
-    language = lang(update)
+    language = lang(update, context)
     await update.effective_message.reply_text(
         t(language, "stats", today=_block(language, today), total=_block(language, total))
     )
@@ -55,37 +60,100 @@ def _block(language: Lang, figures: ShopStats) -> Html:
 
 
 async def refund(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-    """`/refund <charge_id>`: return the Stars through Telegram, then reverse the tokens."""
+    """`/refund <charge_id>`: a purchase is shown with what a refund would reverse and what is
+    spent already, and refunded on confirmation; a stray charge is paid back at once."""
     message = update.effective_message
     assert message is not None
-    language = lang(update)
+    language = lang(update, context)
     if len(context.args or []) != 1:
         await message.reply_text(t(language, "refund_usage"))
         return
     charge_id = (context.args or [""])[0]
     shop = runtime(context)
 
-    def find(session: Session) -> lookup.PurchaseOwner | None:
-        return lookup.find_purchase(session=session, charge_id=charge_id)
+    def find(session: Session) -> tuple[lookup.PurchaseOwner | None, int, StrayCharge | None]:
+        found = lookup.find_purchase(session=session, charge_id=charge_id)
+        if found is None:
+            return None, 0, stray_charges.find(session=session, charge_id=charge_id)
+        available = ledger.get_balance(session=session, account_id=found.purchase.account_id)
+        return found, available.available, None
 
-    found = await shop.read(find)
+    found, available, stray = await shop.read(find)
+    if stray is not None:
+        await _refund_stray(update, context, stray)
+        return
     if found is None or found.telegram_id is None:
         await message.reply_text(t(language, "refund_unknown", charge_id=charge_id))
         return
-    if found.purchase.refunded_at is not None:
+    purchase = found.purchase
+    if purchase.refunded_at is not None:
         await message.reply_text(t(language, "refund_already", charge_id=charge_id))
         return
-    try:
-        await context.bot.refund_star_payment(found.telegram_id, charge_id)
-    except TelegramError as error:
-        logger.warning("Telegram refused to refund %s: %s", charge_id, error)
-        await message.reply_text(t(language, "refund_telegram_failed", error=error.message))
+    assert purchase.id is not None
+    reversible = max(0, min(purchase.tokens, available))
+    await message.reply_text(
+        t(
+            language,
+            "refund_confirm",
+            charge_id=charge_id,
+            telegram_id=found.telegram_id,
+            pack=purchase.pack_title,
+            price=purchase.price,
+            tokens=number(language, purchase.tokens),
+            time=when(purchase.created_at),
+            available=number(language, available),
+            reversible=number(language, reversible),
+            spent=number(language, purchase.tokens - reversible),
+        ),
+        reply_markup=keyboards.confirm_refund(language, purchase.id, purchase.price),
+    )
+
+
+async def on_refund_action(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """The buttons under a refund's figures: refund (Telegram first, then the books) or cancel."""
+    query = update.callback_query
+    assert query is not None and query.data is not None
+    language = lang(update, context)
+    shop = runtime(context)
+    if update.effective_user is None or update.effective_user.id not in (
+        shop.settings.admin_telegram_ids
+    ):
+        await query.answer()
+        return
+    await query.answer()
+    if query.data == keyboards.REFUND_CANCEL:
+        await query.edit_message_text(t(language, "refund_cancelled"))
+        return
+    purchase_id = int(query.data.removeprefix(keyboards.REFUND_PURCHASE))
+
+    def find(session: Session) -> lookup.PurchaseOwner | None:
+        return lookup.purchase_by_id(session=session, purchase_id=purchase_id)
+
+    found = await shop.read(find)
+    if found is None or found.telegram_id is None:
+        await query.edit_message_text(t(language, "refund_unknown", charge_id=purchase_id))
+        return
+    charge_id = found.purchase.telegram_payment_charge_id
+    if found.purchase.refunded_at is not None:
+        await query.edit_message_text(t(language, "refund_already", charge_id=charge_id))
+        return
+    attempt = await pay_back(context.bot, found.telegram_id, charge_id)
+    if attempt.outcome == "refused":
+        logger.warning("Telegram refused to refund %s: %s", charge_id, attempt.error)
+        await query.edit_message_text(
+            t(language, "refund_telegram_failed", error=attempt.error or "")
+        )
+        return
+    if attempt.outcome != "refunded":
+        await query.edit_message_text(
+            t(language, "refund_outcome_unknown", charge_id=charge_id, error=attempt.error or "")
+        )
         return
 
     def reverse(session: Session) -> tuple[ledger.RefundResult, str | None]:
         result = ledger.refund_purchase(session=session, charge_id=charge_id)
         buyer = accounts.get_account(session=session, account_id=result.purchase.account_id)
-        return result, buyer.language
+        return result, buyer.chosen_language or buyer.language
 
     result, buyer_language = await shop.run(reverse)
     shortfall = (
@@ -93,7 +161,7 @@ async def refund(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         if result.shortfall
         else Html("")
     )
-    await message.reply_text(
+    await query.edit_message_text(
         t(
             language,
             "refund_done",
@@ -104,14 +172,57 @@ async def refund(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         )
     )
     if result.newly_refunded:
-        await _tell(context, found.telegram_id, refund_notice(language_for(buyer_language), result))
+        buyer = language_for(buyer_language)
+        await tell(context.bot, found.telegram_id, refund_notice(buyer, result))
+
+
+async def _refund_stray(
+    update: Update, context: ContextTypes.DEFAULT_TYPE, stray: StrayCharge
+) -> None:
+    message = update.effective_message
+    assert message is not None
+    language = lang(update, context)
+    charge_id = stray.telegram_payment_charge_id
+    figures = {
+        "charge_id": charge_id,
+        "telegram_id": stray.telegram_id,
+        "price": stray.amount,
+        "reason": stray.reason,
+        "time": when(stray.created_at),
+    }
+    if stray.refunded_at is not None:
+        await message.reply_text(
+            t(language, "refund_stray_done", refunded=when(stray.refunded_at), **figures)
+        )
+        return
+    attempt = await refund_stray(context.bot, runtime(context), charge_id, stray.telegram_id)
+    if attempt.outcome == "refunded":
+        await message.reply_text(t(language, "refund_stray_now", **figures))
+        await tell(
+            context.bot,
+            stray.telegram_id,
+            t(
+                language_for(runtime(context).languages.get(stray.telegram_id)),
+                "stray_refunded_later",
+                price=stray.amount,
+                charge_id=charge_id,
+            ),
+        )
+    elif attempt.outcome == "busy":
+        await message.reply_text(t(language, "refund_stray_busy", **figures))
+    elif attempt.outcome == "refused":
+        await message.reply_text(t(language, "refund_telegram_failed", error=attempt.error or ""))
+    else:
+        await message.reply_text(
+            t(language, "refund_outcome_unknown", charge_id=charge_id, error=attempt.error or "")
+        )
 
 
 async def grant(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
     """`/grant <telegram_id> <tokens>`: support credits and promotions, with a key if none yet."""
     message = update.effective_message
     assert message is not None
-    language = lang(update)
+    language = lang(update, context)
     args = context.args or []
     if len(args) != 2 or not args[0].lstrip("-").isdigit():
         await message.reply_text(t(language, "grant_usage"))
@@ -153,12 +264,78 @@ async def grant(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         )
     )
     buyer = language_for(buyer_language)
-    await _tell(context, telegram_id, t(buyer, "granted", tokens=number(buyer, tokens)))
+    await tell(context.bot, telegram_id, t(buyer, "granted", tokens=number(buyer, tokens)))
 
 
-async def _tell(context: ContextTypes.DEFAULT_TYPE, chat_id: int, text: str) -> None:
-    """A courtesy message to a buyer; a buyer who blocked the bot changes nothing."""
+async def new_promo(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """`/promo_new <code> <tokens> <uses> [days]`: a promo code, valid `days` (forever if left
+    out), redeemable `uses` times in all and once per buyer."""
+    message = update.effective_message
+    assert message is not None
+    language = lang(update, context)
+    args = context.args or []
+    if len(args) not in (3, 4) or not all(arg.isdigit() for arg in args[1:]):
+        await message.reply_text(t(language, "promo_new_usage"))
+        return
+    tokens, uses = int(args[1]), int(args[2])
+    days = int(args[3]) if len(args) == 4 else None
+    expires = utcnow() + timedelta(days=days) if days else None
+    operator_id = update.effective_user.id if update.effective_user else None
+
+    def work(session: Session) -> PromoCode:
+        return promos.create_promo(
+            session=session,
+            code=args[0],
+            tokens=tokens,
+            max_uses=uses,
+            expires_at=expires,
+            created_by=operator_id,
+        )
+
     try:
-        await context.bot.send_message(chat_id, text)
-    except TelegramError:
-        logger.info("could not message %s", chat_id, exc_info=True)
+        promo = await runtime(context).run(work)
+    except PromoError as error:
+        await message.reply_text(t(language, f"promo_new_{error.reason}", code=args[0]))
+        return
+    await message.reply_text(
+        t(
+            language,
+            "promo_created",
+            code=promo.code,
+            tokens=number(language, promo.tokens),
+            uses=promo.max_uses,
+            expires=when(promo.expires_at) if promo.expires_at else "—",
+        )
+    )
+
+
+async def list_promos(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """`/promos`: the newest codes with their uses."""
+    message = update.effective_message
+    assert message is not None
+    language = lang(update, context)
+
+    def work(session: Session) -> list[PromoCode]:
+        return promos.list_promos(session=session)
+
+    found = await runtime(context).read(work)
+    if not found:
+        await message.reply_text(t(language, "promos_none"))
+        return
+    await message.reply_text(
+        lines(
+            [t(language, "promos")]
+            + [
+                t(
+                    language,
+                    "promos_line",
+                    code=promo.code,
+                    tokens=number(language, promo.tokens),
+                    used=promo.uses,
+                    uses=promo.max_uses,
+                    expires=when(promo.expires_at) if promo.expires_at else "—",
+                )
+                for promo in found
+            ]
+        )
+    )

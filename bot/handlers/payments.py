@@ -4,7 +4,10 @@ Money moves once. The pre-checkout query is answered from the database alone (Te
 10 seconds, and the handler runs in its own group ahead of every other). Tokens are credited
 only on the successful payment, keyed on the unique `telegram_payment_charge_id`, so a
 repeated update, a restart or a second worker never credits twice; a repeat only repeats the
-confirmation. A refund reverses a purchase once, however often it is reported.
+confirmation. A payment that cannot be credited (its order paid already, unknown, someone
+else's) is a stray charge: recorded once and paid back at once (`bot.refunds`), the buyer told
+plainly and the operators alerted. A refund reverses a purchase once, however often it is
+reported; one made outside the bot that finds the tokens spent is flagged to the operators.
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ from dataclasses import dataclass
 
 from sqlmodel import Session
 from telegram import Bot, Update
+from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
-from billing import keys, ledger, purchases
+from billing import keys, ledger, purchases, stray_charges
 from billing.errors import OrderError, PurchaseNotFound
 from billing.purchases import check_order_payable, credit_order_payment
+from billing.referrals import Reward
 from bot.alerts import tell_operators
 from bot.handlers.errors import order_refusal
+from bot.refunds import Attempt, refund_stray
 from bot.runtime import Runtime, lang, runtime
-from bot.texts import Lang, language_for, number, plain, snippet, t
+from bot.texts import Html, Lang, language_for, number, plain, snippet, t
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,7 @@ class Delivery:
     tokens: int
     available: int
     key: str | None  # shown on the first purchase (or when this credit issued the key)
+    referral: Reward | None = None  # the referrer's share this purchase paid
 
 
 async def on_pre_checkout(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -109,30 +116,93 @@ async def on_successful_payment(update: Update, context: ContextTypes.DEFAULT_TY
             charge_id=payment.telegram_payment_charge_id,
             provider_charge_id=payment.provider_payment_charge_id or None,
         )
-        return delivery_for(session, shop, result.purchase.account_id, result.purchase.tokens)
+        delivery = delivery_for(session, shop, result.purchase.account_id, result.purchase.tokens)
+        return Delivery(delivery.tokens, delivery.available, delivery.key, result.referral)
 
     try:
         delivery = await shop.run(work)
     except OrderError as error:
-        logger.exception("paid charge %s could not be credited", payment.telegram_payment_charge_id)
+        await _stray(update, context, error)
+        return
+    await deliver(context.bot, shop, message.chat_id, lang(update, context), delivery)
+    if delivery.referral is not None and delivery.referral.referrer_telegram_id is not None:
+        referrer = language_for(delivery.referral.referrer_language)
+        await tell(
+            context.bot,
+            delivery.referral.referrer_telegram_id,
+            t(referrer, "referral_rewarded", tokens=number(referrer, delivery.referral.tokens)),
+        )
+
+
+async def _stray(update: Update, context: ContextTypes.DEFAULT_TYPE, error: OrderError) -> None:
+    """A paid charge that cannot be credited: record it once, pay it back, say so."""
+    message = update.effective_message
+    assert message is not None and message.successful_payment is not None
+    assert update.effective_user is not None
+    payment = message.successful_payment
+    charge_id = payment.telegram_payment_charge_id
+    telegram_id = update.effective_user.id
+    shop = runtime(context)
+    logger.warning("paid charge %s could not be credited: %s", charge_id, error)
+
+    def record(session: Session) -> stray_charges.Recorded:
+        return stray_charges.record(
+            session=session,
+            charge_id=charge_id,
+            telegram_id=telegram_id,
+            amount=payment.total_amount,
+            currency=payment.currency,
+            payload=payment.invoice_payload,
+            reason=error.reason,
+        )
+
+    recorded = await shop.run(record)
+    if recorded.charge.refunded_at is not None:
+        attempt = Attempt("refunded")
+    else:
+        attempt = await refund_stray(context.bot, shop, charge_id, telegram_id)
+    language = lang(update, context)
+    reason = t(language, f"stray_reason_{_reason(error.reason)}")
+    outcome = "refunded" if attempt.outcome == "refunded" else "pending"
+    await message.reply_text(
+        t(
+            language,
+            f"stray_{outcome}",
+            reason=reason,
+            price=payment.total_amount,
+            charge_id=charge_id,
+        )
+    )
+    if recorded.new or attempt.outcome not in ("refunded", "busy"):
         await tell_operators(
             context.bot,
             shop.settings,
             t(
                 "en",
-                "operator_alert",
-                items=(
-                    f"charge {payment.telegram_payment_charge_id} of user {telegram_id} "
-                    f"({payment.total_amount} Stars, payload {payment.invoice_payload!r}) "
-                    f"not credited: {error}"
-                ),
+                "operator_stray",
+                charge_id=charge_id,
+                telegram_id=telegram_id,
+                price=payment.total_amount,
+                payload=payment.invoice_payload,
+                reason=str(error),
+                outcome=_outcome_line(attempt),
             ),
         )
-        await message.reply_text(
-            t(lang(update), "payment_problem", charge_id=payment.telegram_payment_charge_id)
-        )
-        return
-    await deliver(context.bot, shop, message.chat_id, lang(update), delivery)
+
+
+STRAY_REASONS = ("paid", "unknown", "someone_else")
+
+
+def _reason(reason: str) -> str:
+    return reason if reason in STRAY_REASONS else "unknown"
+
+
+def _outcome_line(attempt: Attempt) -> Html:
+    if attempt.outcome == "refunded":
+        return t("en", "operator_stray_refunded")
+    if attempt.outcome == "busy":
+        return t("en", "operator_stray_busy")
+    return t("en", f"operator_stray_{attempt.outcome}", error=attempt.error or "")
 
 
 def delivery_for(session: Session, shop: Runtime, account_id: int, tokens: int) -> Delivery:
@@ -181,10 +251,34 @@ async def on_refunded_payment(update: Update, context: ContextTypes.DEFAULT_TYPE
     try:
         result = await shop.run(work)
     except PurchaseNotFound:
-        logger.warning("refund of unknown charge %s", refund.telegram_payment_charge_id)
+        # Our own refund of a stray charge comes back this way too: nothing was credited.
+        logger.info("refund of uncredited charge %s", refund.telegram_payment_charge_id)
         return
-    if result.newly_refunded:
-        await message.reply_text(refund_notice(lang(update), result))
+    if not result.newly_refunded:
+        return
+    await message.reply_text(refund_notice(lang(update, context), result))
+    if result.shortfall:
+        await tell_operators(
+            context.bot,
+            shop.settings,
+            t(
+                "en",
+                "operator_refund_shortfall",
+                charge_id=refund.telegram_payment_charge_id,
+                telegram_id=message.chat_id,
+                price=result.purchase.price,
+                tokens=number("en", result.purchase.tokens),
+                spent=number("en", result.shortfall),
+            ),
+        )
+
+
+async def tell(bot: Bot, chat_id: int, text: str) -> None:
+    """A courtesy message to a buyer; a buyer who blocked the bot changes nothing."""
+    try:
+        await bot.send_message(chat_id, text)
+    except TelegramError:
+        logger.info("could not message %s", chat_id, exc_info=True)
 
 
 def refund_notice(language: Lang, result: ledger.RefundResult) -> str:

@@ -28,10 +28,11 @@ async def show_packs(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None
     """The packs, or first the terms if this buyer has not accepted them yet."""
     assert update.effective_message is not None
     account = await account_of(update, context)
-    language = lang(update)
+    language = lang(update, context)
     if account.terms_accepted_at is None:
         await update.effective_message.reply_text(
-            t(language, "terms_prompt"), reply_markup=keyboards.accept_terms(language)
+            t(language, "terms_prompt", days=runtime(context).settings.refund_window_days),
+            reply_markup=keyboards.accept_terms(language),
         )
         return
     await update.effective_message.reply_text(
@@ -51,7 +52,7 @@ async def on_accept_terms(update: Update, context: ContextTypes.DEFAULT_TYPE) ->
         accounts.accept_terms(session=session, account_id=account_id)
 
     await runtime(context).run(work)
-    language = lang(update)
+    language = lang(update, context)
     await query.edit_message_text(
         t(language, "packs"), reply_markup=keyboards.packs(language, runtime(context).catalog)
     )
@@ -63,7 +64,7 @@ async def on_pack(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
     assert query is not None and query.data is not None and update.effective_chat is not None
     await query.answer()
     shop = runtime(context)
-    language = lang(update)
+    language = lang(update, context)
     try:
         pack = find_pack(shop.catalog, query.data.removeprefix(keyboards.PACK))
     except UnknownPack:

@@ -31,13 +31,18 @@ TEXTS: dict[str, str] = {
     "help": (
         "<b>How it works</b>\n"
         "1. 🛒 Buy tokens: pick a pack and pay with Telegram Stars.\n"
-        "2. 🔑 My key: your API key and a ready-to-paste example.\n"
-        "3. Every request costs its prompt plus completion tokens.\n"
+        "2. 🔑 My key: your API keys and a ready-to-paste example.\n"
+        "3. A request costs its prompt tokens times the model's prompt price plus its "
+        "completion tokens times the model's completion price (1 each unless the "
+        "operator set other prices), rounded up.\n"
         "\n"
-        "/balance — tokens left and recent requests\n"
-        "/key — your API key\n"
+        "/balance — tokens left and usage by day and model\n"
+        "/key — your API keys\n"
         "/buy — token packs\n"
-        "/paysupport — your payments and refunds\n"
+        "/paysupport — your payments, refunds and a message to support\n"
+        "/promo — redeem a promo code\n"
+        "/invite — your invitation link\n"
+        "/language — the bot's language\n"
         "/terms — terms of service\n"
         "/privacy — privacy policy"
     ),
@@ -48,8 +53,9 @@ TEXTS: dict[str, str] = {
         "Before your first purchase, please accept the terms:\n"
         "\n"
         "• Tokens are a prepaid balance for API requests; they do not expire.\n"
-        "• Unused tokens of a pack can be refunded through /paysupport.\n"
-        "• Keep your API key secret; you can rotate it at any time.\n"
+        "• A payment is refunded in full or not at all: within {days} days, while the "
+        "pack's tokens are still unused (your available balance covers the pack).\n"
+        "• Keep your API keys secret; you can rotate or revoke them at any time.\n"
         "\n"
         "Full text: /terms · Privacy: /privacy"
     ),
@@ -58,13 +64,18 @@ TEXTS: dict[str, str] = {
         "<b>Terms of service</b>\n"
         "\n"
         "1. You buy prepaid tokens for an OpenAI-compatible text-generation API. A "
-        "request costs its prompt tokens plus its completion tokens.\n"
+        "request costs its prompt tokens times the model's prompt price plus its "
+        "completion tokens times the model's completion price, rounded up; a price is "
+        "1 unless the operator set another.\n"
         "2. Payments are made in Telegram Stars. Tokens are credited once the payment "
-        "succeeds and do not expire.\n"
-        "3. Refunds: write via /paysupport. A refund removes the pack's tokens that "
-        "are still unused.\n"
-        "4. The API key is personal. Do not share it; rotate it under 🔑 My key if it "
-        "leaks.\n"
+        "succeeds and do not expire. A payment that cannot be credited is refunded at "
+        "once.\n"
+        "3. Refunds: Telegram refunds a payment in full or not at all. Within {days} "
+        "days of a purchase, while its tokens are unused (your available balance "
+        "covers the pack), ask via /paysupport and the payment is refunded and the "
+        "pack's tokens removed. Otherwise the operator decides.\n"
+        "4. API keys are personal. Do not share them; rotate or revoke a key under 🔑 "
+        "My key if it leaks.\n"
         "5. The service is provided as is; generated text may be wrong."
     ),
     "privacy": (
@@ -87,10 +98,6 @@ TEXTS: dict[str, str] = {
         "✅ Payment received: +{tokens} tokens.\nAvailable now: {available} tokens."
     ),
     "payment_first_key": "🔑 Here is your API key. It also stays under 🔑 My key.\n\n{snippet}",
-    "payment_problem": (
-        "We received your payment but could not match it to an order. The operator has "
-        "been told and will sort it out; your charge id is <code>{charge_id}</code>."
-    ),
     "snippet": (
         "API key: <code>{key}</code>\n"
         "Base URL: <code>{base_url}</code>\n"
@@ -112,21 +119,20 @@ TEXTS: dict[str, str] = {
     # My key.
     "key_none": "You get an API key with your first pack. Choose one:",
     "key_show": (
-        "🔑 Your API key: <code>{masked}</code>\n"
+        "🔑 <b>{name}</b>: <code>{masked}</code>\n"
         "Tap to reveal: <tg-spoiler>{key}</tg-spoiler>\n"
         "\n"
         "Base URL: <code>{base_url}</code>"
     ),
     "button_snippet": "📋 Setup example",
-    "button_rotate": "♻️ Rotate key",
+    "button_rotate": "♻️ Rotate",
     "rotate_confirm": (
-        "Rotate the key? The current key stops working at once, and every program that "
+        "Rotate the key «{name}»? It stops working at once, and every program that "
         "uses it needs the new one."
     ),
     "button_rotate_yes": "Yes, rotate",
     "button_cancel": "Cancel",
-    "rotated": "♻️ Done. The old key no longer works. Your new key:\n\n{snippet}",
-    "rotate_cancelled": "The key was not changed.",
+    "rotated": ("♻️ Done. The old «{name}» key no longer works. The new one:\n\n{snippet}"),
     # Balance.
     "balance": (
         "💰 <b>Available: {available} tokens</b>\n"
@@ -134,19 +140,18 @@ TEXTS: dict[str, str] = {
         "Purchased: {purchased} · Granted: {granted}\n"
         "Used: {used} · Refunded: {refunded}"
     ),
-    "balance_history": "\n<b>Recent requests</b>",
-    "balance_history_line": "{time} · {model} · {tokens}",
     "balance_no_history": "\nNo requests yet.",
-    "balance_empty_hint": "\nYour balance is empty: 🛒 Buy tokens to continue.",
+    "balance_empty_hint": ("\nYour balance is empty: 🛒 Buy tokens to continue."),
     # Support.
     "paysupport": (
         "<b>Payments and refunds</b>\n"
         "{purchases}\n"
         "\n"
-        "To ask for a refund, write to {contact} and quote the charge id. A refund "
-        "returns the Stars and removes the pack's unused tokens."
+        "Telegram refunds a payment in full or not at all. Within {days} days of a "
+        "purchase, while its tokens are unused, ask and it is refunded. To write to "
+        "the operators, tap the button below or send <code>/paysupport</code> followed "
+        "by your message; quote the charge id.{contact}"
     ),
-    "paysupport_contact_default": "the operator of this bot",
     "paysupport_none": "You have no payments yet.",
     "paysupport_line": "{time} · {pack} · {price} ⭐ · <code>{charge_id}</code>{refunded}",
     "paysupport_refunded": " · refunded",
@@ -179,4 +184,169 @@ TEXTS: dict[str, str] = {
     "invalid_amount": "The amount must be a positive whole number of tokens.",
     "operator_alert": "⚠️ <b>A payment needs a look</b>\n{items}",
     "reconcile_report": "🧾 <b>Star transactions vs purchases</b>\n{items}",
+    "command_promo": "Redeem a promo code",
+    "command_invite": "Invite friends, earn tokens",
+    "command_language": "Language",
+    "button_support": "💬 Support",
+    "key_usage": ("\n<b>This key</b>: {requests} requests, {tokens} tokens billed"),
+    "usage_line": (
+        "{day} · {model} · {requests} req · prompt {prompt} · completion {completion} "
+        "· billed {charged}"
+    ),
+    "usage_title": ("\n<b>Usage by day and model</b> (UTC, page {page})"),
+    "usage_csv": "Every billed request, as CSV.",
+    "keys_title": "🔑 <b>Your API keys</b>",
+    "keys_line": (
+        "• <b>{name}</b> · <code>{masked}</code> · {requests} requests · {tokens} tokens"
+    ),
+    "keys_empty": "You have no live keys. Create one below.",
+    "keys_too_many": "You have {limit} live keys already; revoke one first.",
+    "key_created": "➕ New key created.\n",
+    "key_default_name": "key {number}",
+    "key_gone": "That key no longer exists.",
+    "key_unchanged": "The key was not changed.",
+    "button_rename": "✏️ Rename",
+    "button_revoke": "🗑 Revoke",
+    "button_new_key": "➕ New key",
+    "button_all_keys": "« All keys",
+    "revoke_confirm": (
+        "Revoke the key «{name}»? It stops working at once and is not replaced; your "
+        "other keys keep working."
+    ),
+    "button_revoke_yes": "Yes, revoke",
+    "revoked": "🗑 The key «{name}» was revoked.\n",
+    "renamed": "✏️ The key is now called «{name}».",
+    "rename_prompt": "✏️ New name for the key «{name}» (#{id}): reply to this message.",
+    "button_older": "« Older",
+    "button_newer": "Newer »",
+    "button_csv": "📄 CSV",
+    "stray_reason_paid": "this order had already been paid",
+    "stray_reason_unknown": "the invoice matched no order of ours",
+    "stray_reason_someone_else": "the invoice belonged to another user",
+    "stray_refunded": (
+        "This payment of {price} ⭐ could not be credited: {reason}. We have refunded "
+        "it in full; the Stars are back on your balance. Charge id: "
+        "<code>{charge_id}</code>."
+    ),
+    "stray_pending": (
+        "This payment of {price} ⭐ could not be credited: {reason}. It is being "
+        "refunded in full and the operator has been told; you will get a message when "
+        "it is done. Charge id: <code>{charge_id}</code>."
+    ),
+    "stray_refunded_later": (
+        "↩️ Your payment of {price} ⭐ that could not be credited has been refunded in "
+        "full. Charge id: <code>{charge_id}</code>."
+    ),
+    "operator_stray": (
+        "⚠️ <b>A payment could not be credited</b>\n"
+        "Charge <code>{charge_id}</code> of user {telegram_id}, {price} ⭐, payload "
+        "<code>{payload}</code>: {reason}\n"
+        "{outcome}"
+    ),
+    "operator_stray_refunded": "It was refunded to the buyer at once.",
+    "operator_stray_busy": "Its refund is under way.",
+    "operator_stray_refused": (
+        "Telegram refused the refund ({error}): the Stars are still ours. Retry with "
+        "/refund and the charge id."
+    ),
+    "operator_stray_unknown": (
+        "The refund's outcome is unknown ({error}) and Telegram does not list it yet. "
+        "Retry with /refund and the charge id; a repeat is safe."
+    ),
+    "operator_refund_shortfall": (
+        "⚠️ <b>A refund found the tokens spent</b>\n"
+        "Charge <code>{charge_id}</code> of user {telegram_id} ({price} ⭐, {tokens} "
+        "tokens) was refunded outside the bot; {spent} of its tokens had already been "
+        "used and stay used."
+    ),
+    "referral_rewarded": (
+        "🎁 Someone you invited made their first purchase: +{tokens} tokens for you."
+    ),
+    "referral_linked": (
+        "👋 You came with an invitation: your friend gets a share of your first "
+        "purchase, at no cost to you."
+    ),
+    "starter_tokens": (
+        "🎁 {tokens} tokens to try the API are on your balance; your key is under 🔑 My key."
+    ),
+    "invite": (
+        "🤝 <b>Invite friends</b>\n"
+        "Share this link: {link}\n"
+        "You get {share}% of the tokens of each invited buyer's first purchase.\n"
+        "Invited: {invited} · earned: {earned} tokens"
+    ),
+    "invite_off": "Invitations are not offered by this shop at the moment.",
+    "promo_usage": "Send /promo followed by the code, e.g. <code>/promo WELCOME</code>.",
+    "promo_unknown": "There is no such promo code.",
+    "promo_expired": "This promo code has expired.",
+    "promo_used_up": "This promo code has been used up.",
+    "promo_already": "You have already redeemed this promo code.",
+    "promo_redeemed": (
+        "🎁 Code {code}: +{tokens} tokens. Available now: {available} tokens. Your key "
+        "is under 🔑 My key."
+    ),
+    "promo_new_usage": ("Usage: /promo_new &lt;code&gt; &lt;tokens&gt; &lt;uses&gt; [days valid]"),
+    "promo_new_invalid": "A code is 3-32 letters, digits, _ or -; «{code}» is not.",
+    "promo_new_exists": "The code «{code}» exists already.",
+    "promo_created": (
+        "Promo code <code>{code}</code>: {tokens} tokens, {uses} uses, valid until {expires}."
+    ),
+    "promos": "<b>Promo codes</b>",
+    "promos_none": "No promo codes yet. Create one with /promo_new.",
+    "promos_line": ("<code>{code}</code> · {tokens} tokens · used {used}/{uses} · until {expires}"),
+    "paysupport_contact": " You can also write to {contact}.",
+    "paysupport_stray_line": (
+        "{time} · {price} ⭐ · <code>{charge_id}</code> · not credited, {state}"
+    ),
+    "paysupport_stray_refunded": "refunded",
+    "paysupport_stray_pending": "refund pending",
+    "button_write_support": "💬 Write to support",
+    "support_prompt": "💬 Write your message to support as a reply to this message.",
+    "support_sent": "✅ Your message was passed to the operators; their answer will come here.",
+    "support_unreachable": (
+        "Your message was saved, but no operator could be reached right now. Please "
+        "try again later."
+    ),
+    "support_card": (
+        "💬 <b>Support message</b> from {name}{username} (id {telegram_id}, {language})\n"
+        "Available: {available} tokens\n"
+        "{charges}\n"
+        "\n"
+        "{text}\n"
+        "\n"
+        "<i>Reply to this message to answer.</i>"
+    ),
+    "support_card_charge": "• {pack} · {price} ⭐ · <code>{charge_id}</code>{refunded}",
+    "support_card_stray": "• not credited · {price} ⭐ · <code>{charge_id}</code> · {state}",
+    "support_reply": ("💬 <b>Support</b>:\n{text}"),
+    "support_reply_sent": "✅ Sent to {name}.",
+    "support_reply_failed": "The buyer could not be reached ({error}).",
+    "refund_confirm": (
+        "<b>Refund charge</b> <code>{charge_id}</code>?\n"
+        "User {telegram_id} · {pack} · {price} ⭐ · {tokens} tokens · {time}\n"
+        "The buyer has {available} tokens available. Telegram refunds all {price} ⭐; "
+        "the books then remove {reversible} tokens, and {spent} already spent stay spent."
+    ),
+    "button_refund_yes": "Refund {price} ⭐",
+    "refund_cancelled": "Refund cancelled; nothing was changed.",
+    "refund_outcome_unknown": (
+        "Telegram did not confirm the refund of <code>{charge_id}</code> ({error}) and "
+        "does not list it yet. The books are unchanged; send /refund again in a "
+        "minute: a repeat is safe."
+    ),
+    "refund_stray_done": (
+        "Charge <code>{charge_id}</code> of user {telegram_id} ({price} ⭐, {time}) was "
+        "never credited ({reason}); it was refunded at {refunded}."
+    ),
+    "refund_stray_now": (
+        "Charge <code>{charge_id}</code> of user {telegram_id} ({price} ⭐, {time}) was "
+        "never credited ({reason}); it is refunded now."
+    ),
+    "refund_stray_busy": (
+        "The refund of charge <code>{charge_id}</code> is under way right now; try "
+        "again in a minute."
+    ),
+    "language_choose": "Choose the bot's language:",
+    "language_set": "Language: {name}.",
+    "menu_updated": "The menu is updated.",
 }

@@ -9,8 +9,11 @@ import pytest
 import respx
 from pydantic import SecretStr
 from sqlalchemy import Engine
+from sqlmodel import Session
 from telegram.ext import Application
 
+from billing import ledger
+from billing.db import reading
 from billing.settings import BillingSettings
 from bot.app import build_application
 from bot.settings import BotSettings
@@ -40,6 +43,19 @@ def bot_settings(billing_settings: BillingSettings) -> BotSettings:
         low_balance_tokens=LOW_BALANCE,
         packs="starter:100000:50:Starter,pro:2000000:700:Pro",
     )
+
+
+@pytest.fixture(autouse=True)
+def books_balance_after_every_story(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What `tokenshop audit` checks (billing.ledger.audit), after every story that touched a
+    database: whatever a story did, the books still balance."""
+    engine: Engine | None = (
+        request.getfixturevalue("engine") if "engine" in request.fixturenames else None
+    )
+    yield
+    if engine is not None:
+        with Session(reading(engine)) as session:
+            assert ledger.audit(session=session) == []
 
 
 @pytest.fixture

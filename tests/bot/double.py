@@ -2,14 +2,19 @@
 
 python-telegram-bot's real `Application`, `Bot` and httpx request layer run unchanged; only the
 HTTP answers are ours. PTB posts Bot API calls as form fields, with complex values (keyboards,
-prices) as JSON strings, so `calls()` decodes those and leaves scalars as strings.
+prices) as JSON strings, so `calls()` decodes those and leaves scalars as strings; a call that
+uploads a file (sendDocument) comes as multipart, and its file is kept as bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
+import html
 import itertools
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +39,7 @@ _message_ids = itertools.count(1000)
 class Call:
     method: str
     params: dict[str, Any]
+    result: Any = None  # what Telegram answered (a sent message, with its message_id)
 
     def __getitem__(self, name: str) -> Any:
         return self.params[name]
@@ -49,6 +55,7 @@ class FakeTelegram:
     calls_made: list[Call] = field(default_factory=list)
     waiters: dict[str, asyncio.Event] = field(default_factory=dict)
     failures: dict[str, tuple[int, str]] = field(default_factory=dict)
+    timeouts: set[str] = field(default_factory=set)  # methods whose answer never arrives
     star_transactions: list[dict[str, Any]] = field(default_factory=list)
 
     router: respx.MockRouter | None = None
@@ -84,8 +91,20 @@ class FakeTelegram:
         """An event set when the bot next calls `method`: a way to wait without sleeping."""
         return self.waiters.setdefault(method, asyncio.Event())
 
+    def sent_to(self, chat_id: int) -> list[Call]:
+        """Every message the bot sent into this chat (its answer carries the message id)."""
+        return [
+            call
+            for call in self.calls_made
+            if call.method == "sendMessage" and int(call.get("chat_id", 0)) == chat_id
+        ]
+
     def forget(self) -> None:
         self.calls_made.clear()
+
+    def time_out(self, method: str) -> None:
+        """Telegram does the work of every later `method` call, but the answer is lost."""
+        self.timeouts.add(method)
 
     def fail(self, method: str, description: str, status: int = 400) -> None:
         """Make every later call of `method` fail as Telegram reports errors."""
@@ -95,8 +114,9 @@ class FakeTelegram:
     def _answer(self, request: httpx.Request) -> httpx.Response:
         method = request.url.path.rsplit("/", 1)[-1]
         assert BOT_TOKEN in request.url.path, "every Bot API call carries the token in its path"
-        params = {name: _decode(value) for name, value in parse_qsl(request.content.decode())}
-        self.calls_made.append(Call(method, params))
+        params = _params(request)
+        call = Call(method, params)
+        self.calls_made.append(call)
         if method in self.waiters:
             self.waiters.pop(method).set()
         if method in self.failures:
@@ -104,12 +124,15 @@ class FakeTelegram:
             return httpx.Response(
                 status, json={"ok": False, "error_code": status, "description": description}
             )
-        return httpx.Response(200, json={"ok": True, "result": self._result(method, params)})
+        call.result = self._result(method, params)
+        if method in self.timeouts:
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(200, json={"ok": True, "result": call.result})
 
     def _result(self, method: str, params: dict[str, Any]) -> Any:
         if method == "getMe":
             return bot_user()
-        if method in ("sendMessage", "sendInvoice", "editMessageText"):
+        if method in ("sendMessage", "sendInvoice", "editMessageText", "sendDocument"):
             chat_id = int(params["chat_id"])
             return {
                 "message_id": int(params.get("message_id") or next(_message_ids)),
@@ -127,6 +150,28 @@ class FakeTelegram:
 
 def _decode(value: str) -> Any:
     return json.loads(value) if value[:1] in "[{" else value
+
+
+def _params(request: httpx.Request) -> dict[str, Any]:
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/"):
+        return {name: _decode(value) for name, value in parse_qsl(request.content.decode())}
+    head = f"Content-Type: {content_type}\r\n\r\n".encode()
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + request.content)
+    params: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if part.get_filename():
+            params[str(name)] = {"filename": part.get_filename(), "content": payload}
+        else:
+            params[str(name)] = _decode(payload.decode())
+    return params
+
+
+def _plain(text: str) -> str:
+    """A message's text as a Telegram client receives it: the HTML parsed away."""
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
 
 
 def bot_user() -> dict[str, Any]:
@@ -168,12 +213,40 @@ class TelegramUser:
             **content,
         }
 
-    async def send(self, text: str) -> None:
+    async def send(self, text: str, reply_to: Call | None = None) -> None:
+        """Send a text; with `reply_to`, as a reply to that message of the bot."""
         content: dict[str, Any] = {"text": text}
         if text.startswith("/"):
             command = text.split()[0]
             content["entities"] = [{"type": "bot_command", "offset": 0, "length": len(command)}]
+        if reply_to is not None:
+            content["reply_to_message"] = {
+                "message_id": reply_to.result["message_id"],
+                "date": int(time.time()),
+                "chat": {"id": self.id, "type": "private"},
+                "from": bot_user(),
+                "text": _plain(reply_to["text"]),
+            }
         await self.deliver({"message": self._message(**content)})
+
+    async def block(self, blocked: bool = True) -> None:
+        """Block (or unblock) the bot: Telegram sends a my_chat_member update."""
+        statuses = ("member", "kicked") if blocked else ("kicked", "member")
+        await self.deliver(
+            {
+                "my_chat_member": {
+                    "chat": {"id": self.id, "type": "private", "first_name": self.first_name},
+                    "from": self.as_dict(),
+                    "date": int(time.time()),
+                    "old_chat_member": {"user": bot_user(), "status": statuses[0]},
+                    "new_chat_member": {
+                        "user": bot_user(),
+                        "status": statuses[1],
+                        **({"until_date": 0} if blocked else {}),
+                    },
+                }
+            }
+        )
 
     async def tap(self, data: str, message_id: int = 1) -> None:
         """Tap an inline button whose callback data is `data`."""

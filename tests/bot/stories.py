@@ -44,6 +44,27 @@ async def buy_pack(
     return invoice
 
 
+def buttons(telegram: FakeTelegram, method: str | None = None) -> list[str]:
+    """The callback data of the inline keyboard the bot last sent (or edited in)."""
+    calls = [
+        call
+        for call in telegram.calls_made
+        if (call.method == method if method else call.method in ("sendMessage", "editMessageText"))
+        and isinstance(call.get("reply_markup"), dict)
+        and "inline_keyboard" in call["reply_markup"]
+    ]
+    assert calls, "the bot sent no inline keyboard"
+    keyboard = calls[-1]["reply_markup"]["inline_keyboard"]
+    return [button["callback_data"] for row in keyboard for button in row]
+
+
+async def confirm_refund(operator: TelegramUser, telegram: FakeTelegram) -> None:
+    """Tap "Refund" under the figures /refund showed."""
+    data = [item for item in buttons(telegram) if item.startswith("refund:p:")]
+    assert len(data) == 1, data
+    await operator.tap(data[0])
+
+
 def account_of(session: Session, user: TelegramUser) -> Account:
     """The user's account as the database has it now (the test's read transaction is ended first,
     so it sees what the bot committed since)."""

@@ -1,4 +1,4 @@
-"""Balance: what is left, what is reserved, and the last requests the API billed."""
+"""Balance: what is left, what is reserved, and the usage the API billed by day and model."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ async def test_balance_shows_the_figures_and_the_last_requests(
     assert "In use by running requests: 500" in text
     assert "Purchased: 100,000" in text
     assert "Used: 1,234" in text
-    assert "Recent requests" in text
-    assert "demo · 1,234" in text
+    assert "Usage by day and model" in text
+    assert "· demo · 1 req · prompt 1,234 · completion 0 · billed 1,234" in text
 
 
 async def test_a_new_buyer_has_an_empty_balance_and_no_history(

@@ -16,6 +16,16 @@ from tests.bot.stories import account_of, buy_pack
 pytestmark = pytest.mark.anyio
 
 
+def card_buttons(telegram: FakeTelegram, method: str = "sendMessage") -> list[str]:
+    keyboard = telegram.last(method)["reply_markup"]["inline_keyboard"]
+    return [button["callback_data"] for row in keyboard for button in row]
+
+
+def key_id_on_card(telegram: FakeTelegram, method: str = "sendMessage") -> int:
+    snippet = next(data for data in card_buttons(telegram, method) if "snippet" in data)
+    return int(snippet.rsplit(":", 1)[1])
+
+
 def revealed_key(text: str) -> str:
     found = re.search(r"<tg-spoiler>(sk-tks-\w+)</tg-spoiler>", text)
     assert found is not None, text
@@ -45,10 +55,16 @@ async def test_my_key_shows_a_masked_preview_and_the_key_behind_a_spoiler(
     assert card.count(key) == 1  # only behind the spoiler
     assert f"<code>{PUBLIC_API}</code>" in card
     assert keys.authenticate(session=session, key=key).account_id == account_of(session, alice).id
-    buttons = telegram.last("sendMessage")["reply_markup"]["inline_keyboard"]
-    assert [row[0]["callback_data"] for row in buttons] == ["key:snippet", "key:rotate"]
+    key_id = key_id_on_card(telegram)
+    assert card_buttons(telegram) == [
+        f"key:snippet:{key_id}",
+        f"key:rename:{key_id}",
+        f"key:rotate:{key_id}",
+        f"key:revoke:{key_id}",
+        "key:new",
+    ]
 
-    await alice.tap("key:snippet")
+    await alice.tap(f"key:snippet:{key_id}")
     assert f"Bearer {key}" in telegram.last_text_to(alice.id)
 
 
@@ -58,13 +74,14 @@ async def test_rotating_asks_first_then_the_old_key_stops_working(
     await buy_pack(alice, telegram, charge_id="charge-r")
     await alice.send("/key")
     old_key = revealed_key(telegram.last_text_to(alice.id))
+    key_id = key_id_on_card(telegram)
 
-    await alice.tap("key:rotate")
-    assert telegram.last_text_to(alice.id).startswith("Rotate the key?")
-    confirm = telegram.last("editMessageText")["reply_markup"]["inline_keyboard"][0]
-    assert [button["callback_data"] for button in confirm] == ["key:rotate-confirm", "key:cancel"]
+    await alice.tap(f"key:rotate:{key_id}")
+    assert telegram.last_text_to(alice.id).startswith("Rotate the key «default»?")
+    confirm = card_buttons(telegram, "editMessageText")
+    assert confirm == [f"key:rotate-yes:{key_id}", "key:cancel"]
 
-    await alice.tap("key:rotate-confirm")
+    await alice.tap(f"key:rotate-yes:{key_id}")
 
     rotated = telegram.last_text_to(alice.id)
     new_key = re.search(r"<code>(sk-tks-\w+)</code>", rotated)
@@ -86,7 +103,7 @@ async def test_cancelling_a_rotation_keeps_the_key(
     await alice.send("/key")
     key = revealed_key(telegram.last_text_to(alice.id))
 
-    await alice.tap("key:rotate")
+    await alice.tap(f"key:rotate:{key_id_on_card(telegram)}")
     await alice.tap("key:cancel")
 
     assert telegram.last_text_to(alice.id) == "The key was not changed."

@@ -43,9 +43,10 @@ async def test_a_forged_payment_with_a_new_charge_id_for_a_paid_order_credits_no
     assert ledger.audit(session=session) == []
     confirmations = [text for text in telegram.texts_to(alice.id) if "Payment received" in text]
     assert len(confirmations) == 1
-    assert "could not match it to an order" in telegram.last_text_to(alice.id)
+    assert "could not be credited" in telegram.last_text_to(alice.id)
     alert = telegram.last_text_to(operator.id)
     assert "charge-forged" in alert and "already paid" in alert
+    assert len(telegram.calls("refundStarPayment")) == 1  # the Stars went back, once
 
 
 async def test_one_payment_delivered_several_times_at_once_is_credited_once(

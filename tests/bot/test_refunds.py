@@ -1,17 +1,37 @@
-"""Refunds: the operator's /refund (Telegram first, then the books), Telegram's refunded_payment
-update, and /paysupport, where a buyer finds the charge id to quote."""
+"""Refunds: the operator's /refund (the figures first, then Telegram, then the books), Telegram's
+refunded_payment update, and /paysupport, where a buyer finds the charge id to quote."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from billing import ledger
+from billing.db import session_scope
 from billing.models import LedgerEntry, Purchase
-from tests.bot.double import FakeTelegram, TelegramUser
-from tests.bot.stories import account_of, buy_pack
+from tests.bot.double import FakeTelegram, TelegramUser, star_refund
+from tests.bot.stories import account_of, buy_pack, confirm_refund
 
 pytestmark = pytest.mark.anyio
+
+
+def spend(engine: Engine, account_id: int, request_id: str, tokens: int) -> None:
+    """What the API does for a request that used `tokens`."""
+    with session_scope(engine) as session:
+        ledger.hold(
+            session=session,
+            account_id=account_id,
+            request_id=request_id,
+            min_tokens=tokens,
+            max_tokens=tokens,
+            ttl=timedelta(minutes=5),
+            model="demo",
+        )
+    with session_scope(engine) as session:
+        ledger.settle(session=session, hold_id=request_id, cost=tokens, prompt_tokens=tokens)
 
 
 def purchase(session: Session, charge_id: str) -> Purchase:
@@ -33,6 +53,8 @@ async def test_the_operator_refunds_a_charge_through_telegram_and_it_is_reversed
     invoice = await buy_pack(alice, telegram, charge_id="charge-ref")
 
     await operator.send("/refund charge-ref")
+    assert telegram.calls("refundStarPayment") == []  # figures first
+    await confirm_refund(operator, telegram)
 
     call = telegram.last("refundStarPayment")
     assert (int(call["user_id"]), call["telegram_payment_charge_id"]) == (alice.id, "charge-ref")
@@ -57,11 +79,14 @@ async def test_a_refund_that_telegram_refuses_changes_nothing(
     alice: TelegramUser, operator: TelegramUser, telegram: FakeTelegram, session: Session
 ) -> None:
     await buy_pack(alice, telegram, charge_id="charge-nope")
-    telegram.fail("refundStarPayment", "Bad Request: CHARGE_ALREADY_REFUNDED")
+    telegram.fail("refundStarPayment", "Bad Request: CHARGE_NOT_FOUND")
 
     await operator.send("/refund charge-nope")
+    await confirm_refund(operator, telegram)
 
-    assert "Telegram refused the refund" in telegram.last_text_to(operator.id)
+    assert "Telegram refused the refund (Charge_not_found). Nothing was changed." in (
+        telegram.last_text_to(operator.id)
+    )
     assert purchase(session, "charge-nope").refunded_at is None
     assert refund_entries(session) == []
     account_id = account_of(session, alice).id
@@ -110,3 +135,91 @@ async def test_paysupport_lists_the_buyers_charges_and_how_to_ask_for_a_refund(
     assert "Starter · 50 ⭐ · <code>charge-s1</code> · refunded" in text
     assert text.index("charge-s2") < text.index("charge-s1")
     assert "quote the charge id" in text
+    assert "in full or not at all" in text
+
+
+async def test_refund_shows_what_is_spent_before_anything_is_refunded(
+    alice: TelegramUser,
+    operator: TelegramUser,
+    telegram: FakeTelegram,
+    session: Session,
+    engine: Engine,
+) -> None:
+    await buy_pack(alice, telegram, charge_id="charge-spent")
+    account_id = account_of(session, alice).id
+    assert account_id is not None
+    session.rollback()
+    spend(engine, account_id, "req-spent", 30_000)
+
+    await operator.send("/refund charge-spent")
+
+    text = telegram.last_text_to(operator.id)
+    assert "The buyer has 70,000 tokens available" in text
+    assert "Telegram refunds all 50 ⭐" in text
+    assert "remove 70,000 tokens, and 30,000 already spent stay spent" in text
+    assert telegram.calls("refundStarPayment") == []
+    await operator.tap("refund:cancel")
+    assert telegram.last_text_to(operator.id) == "Refund cancelled; nothing was changed."
+    assert purchase(session, "charge-spent").refunded_at is None
+
+
+async def test_charge_already_refunded_counts_as_done_and_reverses_the_books(
+    alice: TelegramUser, operator: TelegramUser, telegram: FakeTelegram, session: Session
+) -> None:
+    await buy_pack(alice, telegram, charge_id="charge-twice")
+    telegram.fail("refundStarPayment", "Bad Request: CHARGE_ALREADY_REFUNDED")
+
+    await operator.send("/refund charge-twice")
+    await confirm_refund(operator, telegram)
+
+    assert "Refunded 50 ⭐" in telegram.last_text_to(operator.id)
+    assert purchase(session, "charge-twice").refunded_tokens == 100_000
+    assert ledger.audit(session=session) == []
+
+
+async def test_a_refund_whose_answer_is_lost_is_checked_against_telegram(
+    alice: TelegramUser, operator: TelegramUser, telegram: FakeTelegram, session: Session
+) -> None:
+    """The answer to refundStarPayment never arrives: the operator is told nothing until
+    Telegram's transactions say whether the Stars went back."""
+    await buy_pack(alice, telegram, charge_id="charge-lost")
+    await buy_pack(alice, telegram, charge_id="charge-done")
+    telegram.time_out("refundStarPayment")
+
+    await operator.send("/refund charge-lost")
+    await confirm_refund(operator, telegram)  # Telegram lists no refund of it
+
+    text = telegram.last_text_to(operator.id)
+    assert "did not confirm the refund of <code>charge-lost</code>" in text
+    assert "Nothing was changed" not in text
+    assert purchase(session, "charge-lost").refunded_at is None
+
+    telegram.star_transactions.append(star_refund("charge-done", alice, 50))
+    await operator.send("/refund charge-done")
+    await confirm_refund(operator, telegram)  # this one went through
+
+    assert "Refunded 50 ⭐" in telegram.last_text_to(operator.id)
+    assert purchase(session, "charge-done").refunded_at is not None
+    assert ledger.audit(session=session) == []
+
+
+async def test_a_refund_made_outside_the_bot_that_finds_tokens_spent_alerts_the_operators(
+    alice: TelegramUser,
+    operator: TelegramUser,
+    telegram: FakeTelegram,
+    session: Session,
+    engine: Engine,
+) -> None:
+    invoice = await buy_pack(alice, telegram, charge_id="charge-outside")
+    account_id = account_of(session, alice).id
+    assert account_id is not None
+    session.rollback()
+    spend(engine, account_id, "req-outside", 40_000)
+
+    await alice.refunded(invoice.payload, invoice.amount, "charge-outside")
+
+    alert = telegram.last_text_to(operator.id)
+    assert "A refund found the tokens spent" in alert
+    assert "charge-outside" in alert and "40,000 of its tokens had already been used" in alert
+    assert purchase(session, "charge-outside").refund_shortfall == 40_000
+    assert ledger.audit(session=session) == []

@@ -22,7 +22,13 @@ async def test_start_greets_by_name_shows_the_menu_and_records_the_account(
     await alice.send("/start")
 
     assert "Hi, Alice!" in telegram.last_text_to(alice.id)
-    assert menu_buttons(telegram) == ["🛒 Buy tokens", "🔑 My key", "💰 Balance", "❓ Help"]
+    assert menu_buttons(telegram) == [
+        "🛒 Buy tokens",
+        "🔑 My key",
+        "💰 Balance",
+        "💬 Support",
+        "❓ Help",
+    ]
     assert telegram.last("sendMessage")["parse_mode"] == "HTML"
     account = find_telegram_account(session=session, telegram_id=alice.id)
     assert account is not None and account.name == "Alice" and account.language == "en"
@@ -34,7 +40,13 @@ async def test_a_russian_speaker_gets_russian_texts_and_menu(
     await boris.send("/start")
 
     assert "Привет, Борис!" in telegram.last_text_to(boris.id)
-    assert menu_buttons(telegram) == ["🛒 Купить токены", "🔑 Мой ключ", "💰 Баланс", "❓ Помощь"]
+    assert menu_buttons(telegram) == [
+        "🛒 Купить токены",
+        "🔑 Мой ключ",
+        "💰 Баланс",
+        "💬 Поддержка",
+        "❓ Помощь",
+    ]
 
     await boris.send("❓ Помощь")
     assert "Как это работает" in telegram.last_text_to(boris.id)

@@ -9,7 +9,7 @@ import pytest
 
 from bot.texts import LANGUAGES, TEXTS, Html, language_for, t
 
-ALLOWED_TAGS = {"b", "code", "pre", "tg-spoiler"}
+ALLOWED_TAGS = {"b", "i", "code", "pre", "tg-spoiler"}
 
 
 def placeholders(template: str) -> set[str]:
