@@ -4,6 +4,8 @@ EngineError
 ├── ModelLoadError          an export dir is missing a file or has an unusable graph
 ├── ContextLengthExceeded   the prompt alone does not fit the model's context window
 ├── EngineOverloaded        the queue of waiting requests is full
+├── InvalidGrammar          llguidance cannot compile a request's schema or grammar
+├── ToolsUnsupported        the model's chat template cannot show tools
 └── EngineDead              the scheduler thread has stopped
 """
 
@@ -30,6 +32,19 @@ class ContextLengthExceeded(EngineError):
 
 class EngineOverloaded(EngineError):
     """Raised when `max_queued` requests are already waiting."""
+
+
+class InvalidGrammar(EngineError):
+    """Raised when llguidance cannot compile a request's constraint; `param` names the request
+    parameter it came from (`response_format`, `tools[0].function.parameters`, ...)."""
+
+    def __init__(self, param: str, reason: str) -> None:
+        super().__init__(f"'{param}' cannot be enforced: {reason}")
+        self.param = param
+
+
+class ToolsUnsupported(EngineError):
+    """Raised when a request has tools and the model's chat template does not render them."""
 
 
 class EngineDead(EngineError):

@@ -15,9 +15,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import llguidance
 import numpy as np
 
 from api.engine.protocol import SamplingParams
+from api.engine.runtime import constraints
 
 # The nucleus of top_p is looked for among this many most likely tokens first (a partial sort);
 # only when their mass falls short of top_p is the whole vocabulary sorted. Exact either way.
@@ -31,11 +33,26 @@ class SamplerState:
     params: SamplingParams
     rng: np.random.Generator | None = None
     output_counts: Counter[int] = field(default_factory=Counter)
+    # llguidance's state of the request's constraint (`constraints.py`), advanced per token
+    matcher: llguidance.LLMatcher | None = None
+    bias_ids: np.ndarray | None = None  # logit_bias: token ids and the values added to them
+    bias_values: np.ndarray | None = None
 
     @classmethod
-    def create(cls, params: SamplingParams) -> SamplerState:
+    def create(
+        cls, params: SamplingParams, matcher: llguidance.LLMatcher | None = None
+    ) -> SamplerState:
         rng = None if params.temperature == 0 else np.random.default_rng(params.seed)
-        return cls(params=params, rng=rng)
+        state = cls(params=params, rng=rng, matcher=matcher)
+        if params.logit_bias:
+            state.bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
+            state.bias_values = np.array([v for _, v in params.logit_bias], dtype=np.float32)
+        return state
+
+    @property
+    def constraint_done(self) -> bool:
+        """The constraint is complete (nothing may follow) or was broken: generation ends."""
+        return self.matcher is not None and (self.matcher.is_stopped() or self.matcher.is_error())
 
     @property
     def has_penalties(self) -> bool:
@@ -44,6 +61,8 @@ class SamplerState:
     def record(self, token_id: int) -> None:
         if self.has_penalties:
             self.output_counts[token_id] += 1
+        if self.matcher is not None and not self.matcher.is_stopped():
+            self.matcher.consume_token(token_id)  # an EOS it allowed stops it
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,25 @@ class TokenChoice:
     token_id: int
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
+
+
+def _constrain(logits: np.ndarray, states: Sequence[SamplerState]) -> np.ndarray:
+    """Each row's llguidance mask (disallowed tokens to -inf), then its logit_bias; rows with
+    neither are untouched, and when no row has either the logits are returned as they came."""
+    matchers = [s.matcher for s in states]
+    constrained = [row for row, m in enumerate(matchers) if m is not None]
+    biased = [row for row, s in enumerate(states) if s.bias_ids is not None]
+    if not constrained and not biased:
+        return logits
+    logits = logits.copy()
+    if constrained:
+        mask = constraints.fill_masks(constraints.executor(), matchers, logits.shape[1])
+        assert mask is not None
+        constraints.apply_masks(logits, mask, constrained)
+    for row in biased:
+        state = states[row]
+        logits[row, state.bias_ids] += state.bias_values  # type: ignore[index]
+    return logits
 
 
 def _apply_penalties(logits: np.ndarray, states: Sequence[SamplerState]) -> np.ndarray:
@@ -97,7 +135,7 @@ def sample(logits: np.ndarray, states: Sequence[SamplerState]) -> list[TokenChoi
     """Choose one token per row of `logits` [batch, vocab] (float32, raw model output)."""
     if logits.dtype != np.float32:
         logits = logits.astype(np.float32)
-    adjusted = _apply_penalties(logits, states)
+    adjusted = _apply_penalties(_constrain(logits, states), states)
     tokens = np.empty(len(states), dtype=np.int64)
 
     greedy = [i for i, s in enumerate(states) if s.params.temperature == 0]

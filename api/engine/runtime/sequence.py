@@ -1,7 +1,8 @@
 """One request's life inside the scheduler: its tokens, text state and stopping rules.
 
 The scheduler hands each sampled token to `Sequence.append`, which decides whether generation ends
-(EOS, stop string, max_tokens, context window, in that order of precedence) and builds the
+(EOS, stop string, a completed constraint, max_tokens, context window, in that order of
+precedence) and builds the
 `GenerationOutput` delta, so the batching loop stays free of per-request text logic.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+
+import llguidance
 
 from api.engine.protocol import (
     FinishReason,
@@ -32,6 +35,7 @@ class Sequence:
     context_length: int
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
+    matcher: llguidance.LLMatcher | None = None  # the request's constraint, when it has one
     sampler: SamplerState = field(init=False)
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
@@ -41,7 +45,7 @@ class Sequence:
     _stops: StopStringMatcher = field(init=False)
 
     def __post_init__(self) -> None:
-        self.sampler = SamplerState.create(self.request.params)
+        self.sampler = SamplerState.create(self.request.params, self.matcher)
         self._detok = IncrementalDetokenizer(self.tokenizer)
         self._stops = StopStringMatcher(self.request.params.stop)
 
@@ -74,6 +78,10 @@ class Sequence:
         else:
             text, stopped = self._stops.feed(self._detok.add(token))
             if stopped:
+                reason = "stop"
+            elif self.sampler.constraint_done:  # the grammar allows nothing more
+                tail, stopped = self._stops.feed(self._detok.flush())
+                text += tail if stopped else tail + self._stops.flush()
                 reason = "stop"
             elif (
                 len(self.output_ids) >= self.request.params.max_tokens

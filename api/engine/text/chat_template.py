@@ -87,13 +87,24 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
 
-    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        conversation = [{"role": m.role, "content": m.content} for m in messages]
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template shows tools (transformers passes them as `tools`)."""
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        conversation = [_message(m) for m in messages]
         try:
             return self._template.render(
                 messages=conversation,
                 add_generation_prompt=add_generation_prompt,
-                tools=None,
+                tools=list(tools) if tools else None,
                 documents=None,
                 **self._special_tokens,
             )
@@ -101,6 +112,33 @@ class ChatTemplate:
             raise
         except TemplateError as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    """A message as transformers hands it to templates: calls' arguments as objects (templates
+    write them with `tojson`), a tool result with the id and name of its call."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON: shown as the model wrote it
 
 
 def select_template(raw: str | list | None) -> str | None:
