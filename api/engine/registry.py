@@ -88,5 +88,6 @@ def load_local(model_id: str, path: Path, config: EngineConfig) -> LocalEngine:
         cache_dir=config.cache_dir,
         fused_attention=config.fused_attention,
         ops_library=config.ops_library,
+        ops_missing=config.ops_missing,
         kv_cache_dtype=config.kv_cache_dtype,
     )
