@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlmodel import Session
 
 from billing import keys, ledger
+from billing.db import session_scope
 from billing.models import Account, Purchase
 from billing.packs import Pack
 from billing.purchases import credit_purchase
@@ -53,3 +56,24 @@ def make_purchase(
     )
     session.commit()
     return result.purchase
+
+
+def bill_request(
+    engine: Engine, account_id: int, request_id: str, *, cost: int, hold: int | None = None
+) -> None:
+    """What the API process does for one request of the model "demo": hold `hold` tokens (`cost`
+    by default), then settle `cost` of them, each in its own transaction; cost 0 leaves the
+    request running."""
+    with session_scope(engine) as session:
+        ledger.hold(
+            session=session,
+            account_id=account_id,
+            request_id=request_id,
+            min_tokens=1,
+            max_tokens=hold or cost,
+            ttl=timedelta(minutes=5),
+            model="demo",
+        )
+    if cost:
+        with session_scope(engine) as session:
+            ledger.settle(session=session, hold_id=request_id, cost=cost, prompt_tokens=cost)

@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from billing import ledger
-from billing.db import session_scope
 from tests.bot.double import FakeTelegram, TelegramUser
 from tests.bot.stories import account_of, buy_pack
+from tests.factories import bill_request
 
 pytestmark = pytest.mark.anyio
-
-
-def api_request(engine: Engine, account_id: int, request_id: str, *, cost: int, hold: int) -> None:
-    """What the API process does for one request: hold, generate, settle."""
-    with session_scope(engine) as session:
-        ledger.hold(
-            session=session,
-            account_id=account_id,
-            request_id=request_id,
-            min_tokens=1,
-            max_tokens=hold,
-            ttl=timedelta(minutes=5),
-            model="demo",
-        )
-    if cost:
-        with session_scope(engine) as session:
-            ledger.settle(session=session, hold_id=request_id, cost=cost, prompt_tokens=cost)
 
 
 async def test_balance_shows_the_figures_and_the_last_requests(
@@ -40,8 +20,8 @@ async def test_balance_shows_the_figures_and_the_last_requests(
     account_id = account_of(session, alice).id
     assert account_id is not None
     session.rollback()
-    api_request(engine, account_id, "req-1", cost=1_234, hold=2_000)
-    api_request(engine, account_id, "req-2", cost=0, hold=500)  # still running
+    bill_request(engine, account_id, "req-1", cost=1_234, hold=2_000)
+    bill_request(engine, account_id, "req-2", cost=0, hold=500)  # still running
 
     await alice.send("💰 Balance")
 

@@ -3,8 +3,6 @@ Star transactions. The tests run each job's function directly instead of waiting
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, select
@@ -17,24 +15,9 @@ from bot.jobs import reconcile_star_transactions, send_balance_notices
 from tests.bot.conftest import ADMIN_ID, LOW_BALANCE
 from tests.bot.double import FakeTelegram, TelegramUser, star_payment, star_refund
 from tests.bot.stories import account_of, buy_pack, order_pack
+from tests.factories import bill_request
 
 pytestmark = pytest.mark.anyio
-
-
-def spend(engine: Engine, account_id: int, request_id: str, tokens: int) -> None:
-    """A request billed by the API process, which never talks to the bot."""
-    with session_scope(engine) as session:
-        ledger.hold(
-            session=session,
-            account_id=account_id,
-            request_id=request_id,
-            min_tokens=1,
-            max_tokens=tokens,
-            ttl=timedelta(minutes=5),
-            model="demo",
-        )
-    with session_scope(engine) as session:
-        ledger.settle(session=session, hold_id=request_id, cost=tokens)
 
 
 def notices_to(telegram: FakeTelegram, user: TelegramUser) -> list[str]:
@@ -56,14 +39,14 @@ async def test_a_low_balance_and_an_empty_one_are_each_announced_once_per_crossi
     await send_balance_notices(shop_bot)
     assert notices_to(telegram, alice) == []
 
-    spend(engine, account_id, "req-1", 100_000 - 400)  # 400 left, under the threshold
+    bill_request(engine, account_id, "req-1", cost=100_000 - 400)  # 400 left, under the threshold
     await send_balance_notices(shop_bot)
     await send_balance_notices(shop_bot)  # the next poll, and a second bot process
     assert notices_to(telegram, alice) == [
         "⚠️ Your balance is low: 400 tokens left. 🛒 Buy tokens to top up."
     ]
 
-    spend(engine, account_id, "req-2", 400)
+    bill_request(engine, account_id, "req-2", cost=400)
     await send_balance_notices(shop_bot)
     await send_balance_notices(shop_bot)
     assert len(notices_to(telegram, alice)) == 2
@@ -73,7 +56,7 @@ async def test_a_low_balance_and_an_empty_one_are_each_announced_once_per_crossi
     await buy_pack(alice, telegram, charge_id="charge-n2")
     await send_balance_notices(shop_bot)
     assert len(notices_to(telegram, alice)) == 2
-    spend(engine, account_id, "req-3", 100_000 - LOW_BALANCE // 2)
+    bill_request(engine, account_id, "req-3", cost=100_000 - LOW_BALANCE // 2)
     await send_balance_notices(shop_bot)
     assert len(notices_to(telegram, alice)) == 3
 
