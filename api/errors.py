@@ -21,6 +21,8 @@ from api.engine.errors import (
     EngineDead,
     EngineError,
     EngineOverloaded,
+    InvalidGrammar,
+    ToolsUnsupported,
 )
 from api.engine.text.chat_template import ChatTemplateError
 from api.protocol import ErrorBody, ErrorResponse
@@ -160,6 +162,10 @@ def from_domain(exc: Exception) -> OpenAIError:
         return invalid_request(str(exc), "messages", "invalid_messages")
     if isinstance(exc, ContextLengthExceeded):
         return invalid_request(str(exc), "messages", "context_length_exceeded")
+    if isinstance(exc, InvalidGrammar):  # a schema llguidance cannot enforce
+        return invalid_request(str(exc), exc.param, "invalid_value")
+    if isinstance(exc, ToolsUnsupported):
+        return unsupported_parameter("tools", f"is not supported by this model: {exc}.")
     if isinstance(exc, EngineOverloaded):
         return OpenAIError(
             503,

@@ -31,10 +31,59 @@ class TextPart(_Lenient):
     text: str | None = None
 
 
+class FunctionCall(_Lenient):
+    """A call as OpenAI writes it: `arguments` is JSON text (the model's, not yet validated)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this message answers
+    function_call: FunctionCall | None = None  # legacy assistant call (`functions`)
+
+
+class FunctionDefinition(_Lenient):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(_Lenient):
@@ -58,13 +107,14 @@ class ChatCompletionRequest(_Lenient):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     user: str | None = None
-    # Declared only to be refused by name: this service cannot honour them.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDefinition] | None = None  # legacy: refused by name
+    function_call: Literal["none", "auto"] | NamedFunction | None = None  # legacy `tool_choice`
+    response_format: ResponseFormat | None = None
     logit_bias: dict[str, float] | None = None
+    # Declared only to be refused by name: this service cannot honour them.
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
@@ -107,12 +157,23 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None  # left out when the answer made no call
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     logprobs: ChoiceLogprobs | None = None
 
 
@@ -126,21 +187,40 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
 
 
-class Delta(BaseModel):
-    """Only the fields that changed are sent, as OpenAI does (`{}` on the last chunk)."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+class _SparseModel(BaseModel):
+    """Only the fields that are set are sent, as OpenAI's stream does."""
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
+class DeltaFunction(_SparseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_SparseModel):
+    """A call's first delta has its id, type and name; the next ones argument fragments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction | None = None
+
+
+class Delta(_SparseModel):
+    """Only the fields that changed are sent, as OpenAI does (`{}` on the last chunk)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
 class ChunkChoice(BaseModel):
     index: int
     delta: Delta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
 
 

@@ -18,10 +18,13 @@ class ChunkEvents:
     same serializer, so the bytes are the model's own. Building and dumping the model for every
     token took 15% of the event loop's time (py-spy, the demo model streaming 3,100 tokens/s)."""
 
-    def __init__(self, *, chat_id: str, created: int, model: str) -> None:
+    def __init__(
+        self, *, chat_id: str, created: int, model: str, fingerprint: str | None = None
+    ) -> None:
         self._chat_id = chat_id
         self._created = created
         self._model = model
+        self._fingerprint = fingerprint
         self._around_content: dict[int, tuple[str, str]] = {}
 
     def chunk(self, choice: ChunkChoice | None, usage: Usage | None = None) -> str:
@@ -31,6 +34,7 @@ class ChunkEvents:
             model=self._model,
             choices=[choice] if choice else [],
             usage=usage,
+            system_fingerprint=self._fingerprint,
         )
         return f"data: {chunk.model_dump_json()}\n\n"
 

@@ -9,27 +9,12 @@ from __future__ import annotations
 from api.engine.protocol import ChatMessage, SamplingParams
 from api.errors import invalid_request, unsupported_parameter
 from api.protocol import ChatCompletionRequest, Message
+from api.serving import tools
 
 ROLE_ALIASES = {"developer": "system"}
 
 
 def refuse_unsupported(request: ChatCompletionRequest, *, max_n: int, max_messages: int) -> None:
-    if request.tools:
-        raise unsupported_parameter("tools", "is not supported: these models cannot call tools.")
-    if request.functions:
-        raise unsupported_parameter(
-            "functions", "is not supported: these models cannot call tools."
-        )
-    if request.tool_choice not in (None, "none", "auto"):
-        raise unsupported_parameter("tool_choice", "is not supported without tools.")
-    if request.function_call not in (None, "none", "auto"):
-        raise unsupported_parameter("function_call", "is not supported without functions.")
-    if request.response_format and request.response_format.get("type", "text") != "text":
-        raise unsupported_parameter(
-            "response_format", "only {'type': 'text'} is supported by this service."
-        )
-    if request.logit_bias:
-        raise unsupported_parameter("logit_bias", "is not supported by this service.")
     if request.audio is not None or (request.modalities and request.modalities != ["text"]):
         raise unsupported_parameter("modalities", "only text output is supported.")
     if request.prediction is not None:
@@ -51,16 +36,25 @@ def refuse_unsupported(request: ChatCompletionRequest, *, max_n: int, max_messag
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[ChatMessage]:
-    return [_message(index, message) for index, message in enumerate(request.messages)]
+    messages: list[ChatMessage] = []
+    for index, message in enumerate(request.messages):
+        messages.append(_message(index, message, messages))
+    return messages
 
 
-def _message(index: int, message: Message) -> ChatMessage:
-    if message.role in ("tool", "function"):
+def _message(index: int, message: Message, earlier: list[ChatMessage]) -> ChatMessage:
+    if message.role == "function":
         raise unsupported_parameter(
-            f"messages[{index}].role", f"'{message.role}' is not supported without tools."
+            f"messages[{index}].role",
+            "'function' is deprecated and not supported: answer calls with role 'tool'.",
         )
+    if message.role == "tool":
+        return tools.tool_result(index, message, _text(index, message), earlier)
+    calls = tools.assistant_calls(index, message) if message.role == "assistant" else ()
     return ChatMessage(
-        role=ROLE_ALIASES.get(message.role, message.role), content=_text(index, message)
+        role=ROLE_ALIASES.get(message.role, message.role),
+        content=_text(index, message),
+        tool_calls=calls,
     )
 
 
@@ -116,7 +110,7 @@ def stop_strings(request: ChatCompletionRequest) -> tuple[str, ...]:
 
 
 def sampling_params(
-    request: ChatCompletionRequest, *, max_tokens: int, choice: int
+    request: ChatCompletionRequest, *, max_tokens: int, choice: int, plan: tools.ToolPlan
 ) -> SamplingParams:
     """Each choice gets its own seed (seed + index), so n choices differ yet stay reproducible.
     OpenAI's seeds are signed 64-bit; the sampler's generator takes unsigned ones."""
@@ -130,8 +124,23 @@ def sampling_params(
         stop=stop_strings(request),
         logprobs=request.logprobs,
         top_logprobs=request.top_logprobs or 0,
+        constraint=plan.constraint,
+        logit_bias=plan.logit_bias,
     )
 
 
-def requested_max_tokens(request: ChatCompletionRequest, default: int) -> int:
-    return request.max_completion_tokens or request.max_tokens or default
+def requested_max_tokens(request: ChatCompletionRequest, default: int, *, room: int) -> int:
+    """The completion's limit: the client's, which must fit the `room` the prompt leaves in
+    the context window (a 400 naming it, as OpenAI answers), else the default, capped."""
+    for param in ("max_completion_tokens", "max_tokens"):
+        asked = getattr(request, param)
+        if asked is not None:
+            if asked > room:
+                raise invalid_request(
+                    f"'{param}' is {asked}, but the prompt leaves room for at most {room} "
+                    "completion tokens in this model's context window.",
+                    param,
+                    "context_length_exceeded",
+                )
+            return int(asked)
+    return min(default, room)

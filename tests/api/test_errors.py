@@ -77,8 +77,8 @@ def test_unknown_model_is_not_found(client):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools.0.function.name"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"temperature": 3}, "temperature"),
         ({"n": 0}, "n"),
         ({"max_tokens": -5}, "max_tokens"),
@@ -124,11 +124,15 @@ def test_a_prompt_past_the_context_window_is_400(client, server):
     assert refused.value.code == "context_length_exceeded"
 
 
-def test_max_tokens_past_the_window_is_capped_and_ends_with_length(client, server):
+def test_max_tokens_past_the_window_is_refused_and_an_omitted_one_capped(client, server):
+    """As OpenAI and vLLM answer: an explicit limit the window cannot hold is the client's
+    error; the default limit is cut to what the prompt leaves."""
     window = server.services.engines["demo"].context_length
-    completion = client.chat.completions.create(
-        model="demo", messages=HELLO, max_tokens=window * 10, temperature=0
-    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="demo", messages=HELLO, max_tokens=window * 10)
+    assert refused.value.body["param"] == "max_tokens"
+    assert refused.value.code == "context_length_exceeded"
+    completion = client.chat.completions.create(model="demo", messages=HELLO, temperature=0)
     assert completion.usage.total_tokens <= window
 
 

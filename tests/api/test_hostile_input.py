@@ -363,7 +363,10 @@ def test_unknown_methods_routes_and_model_ids_are_openai_shaped(server, api_key)
         {"max_tokens": -1},
         {"messages": []},
         {"messages": [{"role": "user", "content": "nul \x00"}]},
-        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
         {"model": "no-such-model"},
     ],
     ids=["temperature", "n", "max_tokens", "no-messages", "nul", "tools", "model"],
