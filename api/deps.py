@@ -16,6 +16,7 @@ from api.books import Books
 from api.errors import missing_key
 from api.services import Services
 from api.serving.chat import ChatService
+from api.serving.responses import ResponsesService
 
 _bearer = HTTPBearer(auto_error=False, description="Your Tokenshop API key (sk-tks-...)")
 
@@ -43,8 +44,13 @@ async def get_chat(services: ServicesDep) -> ChatService:
     return services.chat
 
 
+async def get_responses(services: ServicesDep) -> ResponsesService:
+    return services.responses
+
+
 BooksDep = Annotated[Books, Depends(get_books)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]
+ResponsesDep = Annotated[ResponsesService, Depends(get_responses)]
 
 
 async def require_key(

@@ -30,9 +30,10 @@ from api.lifecycle import (
 from api.logging import configure_logging
 from api.metrics import Metrics
 from api.middleware import RequestContext
-from api.routes import chat, health, key, models
+from api.routes import chat, health, key, models, responses
 from api.services import Services
 from api.serving.chat import ChatService
+from api.serving.responses import ResponsesService
 from api.settings import ApiSettings
 from billing.db import make_engine
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from api.engine.registry import EngineConfig
 
 logger = logging.getLogger("tokenshop.api")
+RETENTION_SWEEP_SECONDS = 3600.0  # stored responses past retention are deleted hourly
 
 
 def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None = None) -> FastAPI:
@@ -68,6 +70,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             metrics=metrics,
             settings=settings,
         )
+        responses_service = ResponsesService(chat=chat_service, db=db, settings=settings)
         app.state.services = Services(
             settings=settings,
             db=db,
@@ -75,6 +78,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             books=books,
             chat=chat_service,
             metrics=metrics,
+            responses=responses_service,
         )
         # a restart resolves what its previous incarnation left before serving
         await start_lease(books, settings.instance_name)
@@ -83,6 +87,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             asyncio.create_task(
                 heartbeat_forever(books, settings.instance_name, settings.heartbeat_seconds)
             ),
+            asyncio.create_task(responses_service.forget_forever(every=RETENTION_SWEEP_SECONDS)),
         ]
         restore_sigterm = lifecycle.on_sigterm(uvicorn_exit())
         try:
@@ -109,7 +114,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
     app.state.lifecycle = lifecycle
     app.add_middleware(Draining, lifecycle=lifecycle)  # inside RequestContext: 503s are counted
     app.add_middleware(RequestContext, metrics=metrics, max_body=settings.max_request_bytes)
-    for router in (chat.router, models.router, key.router, health.router):
+    for router in (chat.router, responses.router, models.router, key.router, health.router):
         app.include_router(router)
     return app
 

@@ -38,6 +38,8 @@ class ApiSettings(BillingSettings):
     # on SIGTERM: /ready and new requests get 503 at once; running requests get this long
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     idempotency_retention_hours: float = Field(default=24.0, gt=0)
+    # stored Responses API answers (`store`) are deleted this long after they were made
+    responses_retention_days: float = Field(default=30.0, gt=0)
     keepalive_seconds: float = 15.0
     max_active_sequences: int = 16
     max_queued: int = 256

@@ -328,6 +328,13 @@ class ChatService:
         await self.books.store_idempotency(account_id, key, 200, body)
         return 200, body
 
+    def outputs(
+        self, prepared: PreparedChat, keepalive: float | None
+    ) -> AsyncGenerator[tuple[int, GenerationOutput]]:
+        """`_outputs` for another front door (`serving/responses.py`), which shapes them
+        itself and then ends the request with `close`, which settles it."""
+        return self._outputs(prepared, keepalive)
+
     async def _outputs(
         self, prepared: PreparedChat, keepalive: float | None
     ) -> AsyncGenerator[tuple[int, GenerationOutput]]:
