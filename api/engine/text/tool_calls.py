@@ -220,9 +220,9 @@ class ToolCallParser:
         self.fmt = fmt
         self.calls: list[ParsedCall] = []
         self._buf = ""  # text not yet given out
-        self._state: Literal["text", "between", "list", "header", "args", "close", "plain"] = (
-            "text" if fmt.anywhere else "list"
-        )
+        self._state: Literal[
+            "text", "between", "list", "header", "args", "close", "after", "plain"
+        ] = "text" if fmt.anywhere else "list"
         self._held = ""  # everything since the call (list) opened: content if it fails
         self._args: list[str] = []
         self._scanner = _JsonValueEnd()
@@ -316,7 +316,9 @@ class ToolCallParser:
                 self._end_call()
                 self._state = "close"
             return events
-        # "close": the object's "}", the call's closing text, then a separator or the end
+        if self._state == "after":
+            return self._after(final)
+        # "close": the object's "}", then the call's closing text
         return self._close(final)
 
     def _end_call(self) -> None:
@@ -332,21 +334,27 @@ class ToolCallParser:
             self._state = "text" if fmt.anywhere else "plain"
             return []
         self._buf = self._buf[size:]
-        if fmt.anywhere:
-            self._state = "between"
-            return []
+        self._state = "between" if fmt.anywhere else "after"
+        return []
+
+    def _after(self, final: bool) -> list[Event]:
+        """After a call of a whole-answer format: a separator and the next call, the list's
+        end, or text (content)."""
+        fmt = self.fmt
         outcome, size = _match_literals(self._buf, [fmt.separator.strip()])
         if outcome == "ok":
             self._buf = self._buf[size:]
             self._state = "header"
             return []
+        waiting = outcome == _PARTIAL
         if fmt.list_close:
             outcome, size = _match_literals(self._buf, [fmt.list_close])
             if outcome == "ok":
                 self._buf = self._buf[size:]
                 self._state = "plain"
                 return []
-        if outcome == _PARTIAL and not final:
+            waiting = waiting or outcome == _PARTIAL
+        if waiting and not final:
             return []
         self._state = "plain"
         return []

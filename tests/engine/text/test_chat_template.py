@@ -6,7 +6,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from api.engine.local_engine import load_chat_template
-from api.engine.protocol import ChatMessage
+from api.engine.protocol import ChatMessage, ToolCall
 from api.engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from tests.engine.conftest import DEMO_DIR, make_engine
 
@@ -82,3 +82,53 @@ def test_demo_prompt_tokens_equal_transformers_apply_chat_template() -> None:
     conversation = [{"role": m.role, "content": m.content} for m in MESSAGES]
     expected = hf.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
     assert engine.encode_chat(MESSAGES) == list(expected)
+
+
+def test_the_demo_template_renders_tools_and_calls_like_transformers() -> None:
+    """Qwen2.5's tool format: tools in the system turn, calls as `<tool_call>` blocks with
+    their arguments as JSON, results as `<tool_response>` in a user turn."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The forecast.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    messages = [
+        ChatMessage("user", "Weather?"),
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", '{"sky": "clear"}', tool_call_id="call_1", name="get_weather"),
+    ]
+    ours = load_chat_template(DEMO_DIR).render(messages, tools=tools)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(DEMO_DIR / "tokenizer.json"))
+    conversation = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": '{"sky": "clear"}', "tool_call_id": "call_1"},
+    ]
+    theirs = tokenizer.apply_chat_template(
+        conversation,
+        tools=tools,
+        chat_template=(DEMO_DIR / "chat_template.jinja").read_text(),
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert ours == theirs
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in ours
+    )
+    assert '<tool_response>\n{"sky": "clear"}\n</tool_response>' in ours
