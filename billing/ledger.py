@@ -148,12 +148,14 @@ def hold(
     model: str | None = None,
     limit: int | None = None,
     owner: str | None = None,
+    key_id: int | None = None,
 ) -> Hold:
     """Reserve `min(available, max_tokens)` tokens, or raise InsufficientBalance below `min_tokens`,
     or TooManyRequests when the account already has `limit` holds open.
 
     The caller caps the generation to `hold.amount`, so a request can never cost more than
-    it reserved. `owner` is the placing process's lease id.
+    it reserved. `owner` is the placing process's lease id; `key_id` the key that asked (its
+    usage is that key's).
     """
     if min_tokens <= 0 or max_tokens < min_tokens:
         raise InvalidAmount(f"Bad hold bounds {min_tokens}..{max_tokens}.")
@@ -181,6 +183,7 @@ def hold(
                 created_at=now,
                 expires_at=now + ttl,
                 owner=owner,
+                key_id=key_id,
             )
             connection.execute(_INSERT_HOLD, row.model_dump())
             return row

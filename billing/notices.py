@@ -43,7 +43,8 @@ def level_for(balance: int, threshold: int) -> Level:
 
 def claim_notices(*, session: Session, threshold: int, limit: int = BATCH) -> list[Notice]:
     """Record every account's new level and return the falls to announce (claimed, so no other
-    caller returns them). Accounts that were never credited have nothing to announce."""
+    caller returns them). Accounts that were never credited have nothing to announce, and users
+    who blocked the bot are left alone until they unblock it."""
     level = case(
         (col(Account.balance) <= 0, literal("empty")),
         (col(Account.balance) < threshold, literal("low")),
@@ -61,7 +62,10 @@ def claim_notices(*, session: Session, threshold: int, limit: int = BATCH) -> li
             col(Account.notice_level),
         )
         .where(
-            col(Account.telegram_id).is_not(None), col(Account.notice_level) != level, was_credited
+            col(Account.telegram_id).is_not(None),
+            col(Account.blocked_at).is_(None),  # the user blocked the bot: nothing to send
+            col(Account.notice_level) != level,
+            was_credited,
         )
         .order_by(col(Account.id))
         .limit(limit)

@@ -68,11 +68,11 @@ def redeem(*, session: Session, account_id: int, code: str) -> Redeemed:
     promo = session.exec(select(PromoCode).where(col(PromoCode.code) == normalize(code))).first()
     if promo is None or promo.id is None:
         raise PromoError("No such code.", "unknown")
-    if promo.expires_at is not None and promo.expires_at <= now:
-        raise PromoError("This code has expired.", "expired")
     lock_account(session, account_id)  # one account's attempts take turns
     if _redeemed(session, promo.id, account_id):
         raise PromoError("This code was already redeemed by this account.", "already")
+    if promo.expires_at is not None and promo.expires_at <= now:
+        raise PromoError("This code has expired.", "expired")
     taken = session.execute(
         update(PromoCode)
         .where(

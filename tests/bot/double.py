@@ -169,6 +169,13 @@ def _params(request: httpx.Request) -> dict[str, Any]:
     return params
 
 
+def _member(status: str) -> dict[str, Any]:
+    """The bot as a member of a private chat ("kicked": the user blocked it)."""
+    return {"user": bot_user(), "status": status} | (
+        {"until_date": 0} if status == "kicked" else {}
+    )
+
+
 def _plain(text: str) -> str:
     """A message's text as a Telegram client receives it: the HTML parsed away."""
     return html.unescape(re.sub(r"<[^>]+>", "", text))
@@ -238,12 +245,8 @@ class TelegramUser:
                     "chat": {"id": self.id, "type": "private", "first_name": self.first_name},
                     "from": self.as_dict(),
                     "date": int(time.time()),
-                    "old_chat_member": {"user": bot_user(), "status": statuses[0]},
-                    "new_chat_member": {
-                        "user": bot_user(),
-                        "status": statuses[1],
-                        **({"until_date": 0} if blocked else {}),
-                    },
+                    "old_chat_member": _member(statuses[0]),
+                    "new_chat_member": _member(statuses[1]),
                 }
             }
         )

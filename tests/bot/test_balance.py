@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import csv
+import io
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from billing import ledger
+from billing.db import session_scope
 from tests.bot.double import FakeTelegram, TelegramUser
-from tests.bot.stories import account_of, buy_pack
+from tests.bot.stories import account_of, buttons, buy_pack
 from tests.factories import bill_request
 
 pytestmark = pytest.mark.anyio
@@ -43,3 +49,59 @@ async def test_a_new_buyer_has_an_empty_balance_and_no_history(
     assert "Доступно: 0 токенов" in text
     assert "Запросов пока не было." in text
     assert "Баланс пуст" in text
+
+
+def api_request_on(engine: Engine, account_id: int, request_id: str, model: str) -> None:
+    """One finished request to `model`: 7 prompt and 3 completion tokens, billed at price 2."""
+    with session_scope(engine) as session:
+        ledger.hold(
+            session=session,
+            account_id=account_id,
+            request_id=request_id,
+            min_tokens=20,
+            max_tokens=20,
+            ttl=timedelta(minutes=5),
+            model=model,
+        )
+    with session_scope(engine) as session:
+        ledger.settle(
+            session=session, hold_id=request_id, cost=20, prompt_tokens=7, completion_tokens=3
+        )
+
+
+async def test_usage_by_day_and_model_pages_and_exports_as_csv(
+    alice: TelegramUser, telegram: FakeTelegram, engine: Engine, session: Session
+) -> None:
+    await buy_pack(alice, telegram, charge_id="charge-u")
+    account_id = account_of(session, alice).id
+    assert account_id is not None
+    session.rollback()
+    models = [f"model-{n:02d}" for n in range(12)]
+    for n, model in enumerate(models):
+        api_request_on(engine, account_id, f"req-{n}", model)
+    api_request_on(engine, account_id, "req-again", "model-00")
+
+    await alice.send("/balance")
+
+    first = telegram.last_text_to(alice.id)
+    assert "· model-00 · 2 req · prompt 14 · completion 6 · billed 40" in first
+    assert "model-09" in first and "model-10" not in first
+    assert buttons(telegram) == ["usage:page:1", "usage:csv"]
+    await alice.tap("usage:page:1")
+    second = telegram.last_text_to(alice.id)
+    assert "model-10" in second and "model-11" in second and "model-00" not in second
+    assert buttons(telegram) == ["usage:page:0", "usage:csv"]
+
+    await alice.tap("usage:csv")
+
+    document = telegram.last("sendDocument")
+    assert int(document["chat_id"]) == alice.id
+    assert document["document"]["filename"] == "tokenshop-usage.csv"
+    rows = list(csv.DictReader(io.StringIO(document["document"]["content"].decode())))
+    assert len(rows) == 13
+    assert rows[0]["request_id"] == "req-0" and rows[0]["model"] == "model-00"
+    assert (rows[0]["prompt_tokens"], rows[0]["completion_tokens"], rows[0]["charged"]) == (
+        "7",
+        "3",
+        "20",
+    )
