@@ -23,6 +23,9 @@ from api.engine.errors import (
     EngineOverloaded,
     InvalidGrammar,
     ToolsUnsupported,
+    UpstreamFailed,
+    UpstreamRejected,
+    UpstreamUnavailable,
 )
 from api.engine.text.chat_template import ChatTemplateError
 from api.protocol import ErrorBody, ErrorResponse
@@ -176,6 +179,18 @@ def from_domain(exc: Exception) -> OpenAIError:
         )
     if isinstance(exc, DATABASE_UNAVAILABLE):
         return database_unavailable()
+    if isinstance(exc, UpstreamRejected):  # the upstream's own 4xx, its message as it wrote it
+        return OpenAIError(exc.status, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, UpstreamUnavailable):
+        return OpenAIError(
+            503,
+            str(exc),
+            type="server_error",
+            code="upstream_unavailable",
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(exc, UpstreamFailed):
+        return OpenAIError(502, str(exc), type="server_error", code="upstream_error")
     if isinstance(exc, EngineDead):
         return OpenAIError(503, "The model is not available right now.", type="server_error")
     if isinstance(exc, BillingError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from api.engine.protocol import KvCacheDtype
 from billing.settings import BillingSettings
@@ -15,9 +15,6 @@ class ApiSettings(BillingSettings):
     """One object per process, handed to `create_app(settings)`."""
 
     models: str = Field(default="models/demo", description="comma-separated export dirs")
-    model_prices: str = Field(
-        default="", description="per-model price multipliers, e.g. 'big=2.5,small=0.5'"
-    )
     default_max_tokens: int = 4096
     max_request_bytes: int = 2_000_000
     max_messages: int = 2048
@@ -70,29 +67,13 @@ class ApiSettings(BillingSettings):
     # of each key and value (tests/engine/model/test_half_cache.py bounds it); "auto" takes it for
     # quantized exports, whose weights already trade exactness, and keeps fp32 exports exact.
     engine_kv_cache_dtype: KvCacheDtype = "auto"
-
-    @field_validator("model_prices")
-    @classmethod
-    def _prices_parse(cls, value: str) -> str:
-        parse_prices(value)
-        return value
-
-    def prices(self) -> dict[str, float]:
-        return parse_prices(self.model_prices)
-
-
-def parse_prices(spec: str) -> dict[str, float]:
-    prices: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, sep, value = item.partition("=")
-        try:
-            price = float(value)
-        except ValueError:
-            price = -1.0
-        if not sep or not name.strip() or price <= 0:
-            raise ValueError(f"MODEL_PRICES item {item!r} is not name=positive-number")
-        prices[name.strip()] = price
-    return prices
+    # Upstream OpenAI-compatible servers of the models file (api/engine/upstream/): how often
+    # each is health-checked, how long a connection may take, how long the first token may take
+    # before the request fails over to the next upstream, and the longest gap between tokens.
+    upstream_health_seconds: float = Field(default=3.0, gt=0)
+    upstream_connect_seconds: float = Field(default=3.0, gt=0)
+    upstream_first_token_seconds: float = Field(default=60.0, gt=0)
+    upstream_read_seconds: float = Field(default=60.0, gt=0)
 
 
 def default_instance_name() -> str:

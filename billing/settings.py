@@ -13,6 +13,7 @@ from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from billing.packs import Pack, parse_catalog
+from billing.prices import Price, parse_model_prices, price_table
 
 DEFAULT_SECRET_FILE = Path(".tokenshop-secret")
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "secret", "dev", "development", "test"}
@@ -35,6 +36,10 @@ class BillingSettings(BaseSettings):
     packs: str | None = None
     hold_ttl_seconds: int = 300
     secret_file: Path = DEFAULT_SECRET_FILE
+    # The served models (docs/upstreams.md); its price fields and MODEL_PRICES ("big=2.5,...",
+    # one multiplier for prompt and completion) price every request, and the bot shows them.
+    models_file: str | None = None
+    model_prices: str = ""
 
     @model_validator(mode="after")
     def _require_real_secret_in_production(self) -> BillingSettings:
@@ -52,6 +57,16 @@ class BillingSettings(BaseSettings):
     def _packs_parse(cls, value: str | None) -> str | None:
         parse_catalog(value)
         return value
+
+    @field_validator("model_prices")
+    @classmethod
+    def _prices_parse(cls, value: str) -> str:
+        parse_model_prices(value)
+        return value
+
+    def prices(self) -> dict[str, Price]:
+        """Each priced model's price (a model left out costs 1 per token)."""
+        return price_table(models_file=self.models_file, model_prices=self.model_prices)
 
     def catalog(self) -> tuple[Pack, ...]:
         return parse_catalog(self.packs)

@@ -6,7 +6,10 @@ EngineError
 ├── EngineOverloaded        the queue of waiting requests is full
 ├── InvalidGrammar          llguidance cannot compile a request's schema or grammar
 ├── ToolsUnsupported        the model's chat template cannot show tools
-└── EngineDead              the scheduler thread has stopped
+├── EngineDead              the scheduler thread has stopped
+├── UpstreamUnavailable     no upstream server of the model answered before the first token
+├── UpstreamFailed          an upstream server failed after its first token
+└── UpstreamRejected        an upstream server refused the request (a 4xx with its message)
 """
 
 
@@ -49,3 +52,25 @@ class ToolsUnsupported(EngineError):
 
 class EngineDead(EngineError):
     """Raised when the scheduler thread has stopped and the model cannot serve."""
+
+
+class UpstreamUnavailable(EngineError):
+    """Raised when every upstream of a model refused the connection, answered 5xx or timed out
+    before the first token: nothing was generated, nothing is billed."""
+
+
+class UpstreamFailed(EngineError):
+    """Raised when an upstream's stream broke after its first token; what arrived is billed."""
+
+
+class UpstreamRejected(EngineError):
+    """Raised when an upstream refused the request itself (400, 404, 413, 422): the client gets
+    the same status with the upstream's message, and the prompt is not billed."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code

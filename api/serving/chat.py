@@ -54,6 +54,7 @@ from api.serving.streams import KEEPALIVE, TIMEOUT, merge_outputs
 from api.serving.tools import StreamedCalls, ToolPlan
 from api.settings import ApiSettings
 from billing.idempotency import body_hash
+from billing.prices import DEFAULT_PRICE, Price
 
 logger = logging.getLogger("tokenshop.api")
 
@@ -67,7 +68,7 @@ class Tally:
     """What a request has used so far, in tokens and in billed cost."""
 
     prompt_tokens: int
-    price: float
+    price: Price
     completion: dict[int, int] = field(default_factory=dict)
     cached_tokens: int = 0  # of the prompt, read from the engine's prefix cache (billed alike)
     first_token_at: float | None = None
@@ -77,7 +78,7 @@ class Tally:
         return sum(self.completion.values())
 
     def cost(self) -> int:
-        return cost_of(self.prompt_tokens + self.completion_tokens, self.price)
+        return self.price.cost(self.prompt_tokens, self.completion_tokens)
 
     def usage(self) -> Usage:
         completion = self.completion_tokens
@@ -119,10 +120,6 @@ class PreparedChat:
             model=self.model,
             fingerprint=self.engine.fingerprint(),
         )
-
-
-def cost_of(tokens: int, price: float) -> int:
-    return math.ceil(tokens * price - 1e-9)
 
 
 class ChatService:
@@ -177,20 +174,21 @@ class ChatService:
         max_new = requests.requested_max_tokens(
             request, self.settings.default_max_tokens, room=room
         )
-        price = self.prices.get(request.model, 1.0)
+        price = self.prices.get(request.model, DEFAULT_PRICE)
         chat_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
 
         # the key's limit of requests in flight is enforced by the hold's own statement
         hold = await self.books.hold(
             account_id=account_id,
             request_id=chat_id,
-            min_cost=cost_of(prompt + n, price),
-            max_cost=cost_of(prompt + n * max_new, price),
+            min_cost=price.cost(prompt, n),
+            max_cost=price.cost(prompt, n * max_new),
             model=request.model,
         )
         affordable = max_new
-        while cost_of(prompt + n * affordable, price) > hold.amount:
-            affordable = min(affordable - 1, int(hold.amount / price - prompt) // n)
+        while price.cost(prompt, n * affordable) > hold.amount:
+            left = (hold.amount - prompt * price.prompt) / price.completion
+            affordable = min(affordable - 1, int(left) // n)
         return PreparedChat(
             id=chat_id,
             created=int(time.time()),
@@ -205,6 +203,8 @@ class ChatService:
                         request, max_tokens=affordable, choice=index, plan=plan
                     ),
                     cache_scope=f"account-{account_id}",  # never another customer's prefixes
+                    messages=messages,
+                    stream=request.stream,
                 )
                 for index in range(n)
             ],
@@ -398,6 +398,8 @@ class ChatService:
                 tally.first_token_at - prepared.accepted_at
             )
         tally.completion[index] = output.completion_tokens
+        if 0 < output.prompt_tokens < tally.prompt_tokens:  # an upstream's own count, and the
+            tally.prompt_tokens = output.prompt_tokens  # hold was placed on an upper bound
         tally.cached_tokens = max(tally.cached_tokens, output.cached_tokens)
 
     async def _maybe_checkpoint(self, prepared: PreparedChat) -> None:

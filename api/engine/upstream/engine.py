@@ -1,0 +1,429 @@
+"""`UpstreamEngine`: a model served by one or more OpenAI-compatible servers.
+
+Each choice of a request is one upstream chat completion. A request goes to a healthy upstream
+with the fewest requests in flight; a refused connection, a 5xx, a 429 or no first token within
+`first_token` seconds sends it to the next, so nothing reached the client before it fails over.
+Once a token has arrived the request stays where it is: a break ends it with `UpstreamFailed`,
+and what arrived is billed. Closing the stream (the client left) closes the upstream connection,
+which stops the upstream's generation.
+
+Usage: the upstream's own figures wherever it reports them (`stream_options.include_usage`, or
+a non-streamed answer's `usage`); where it reports none, tokens counted here: one a chunk, or the
+configured tokenizer's count of it where larger, or the logprobs' count where present, and, for
+an answer that ended at its length, the `max_tokens` it was given. Never above `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from api.engine.errors import (
+    ContextLengthExceeded,
+    ModelLoadError,
+    UpstreamFailed,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
+from api.engine.protocol import (
+    BackendStats,
+    ChatMessage,
+    EngineClient,
+    EngineStats,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+)
+from api.engine.text.chat_template import ChatTemplate
+from api.engine.text.tokenizer import TokenizerWrapper
+from api.engine.upstream import wire
+from api.engine.upstream.backend import Backend
+from api.engine.upstream.config import DEFAULT_CONTEXT_LENGTH, UpstreamConfig, UpstreamTimeouts
+
+logger = logging.getLogger("tokenshop.upstream")
+
+# Statuses that say "this upstream cannot take it now", not "this request is wrong".
+_RETRY_STATUSES = {401, 403, 408, 409, 429}
+_REJECT_AS_400 = {422}
+
+
+class _TryNext(Exception):
+    """This upstream failed before the first token; the request goes to the next one."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+class UpstreamEngine(EngineClient):
+    def __init__(self, config: UpstreamConfig, *, timeouts: UpstreamTimeouts | None = None):
+        if not config.upstreams:
+            raise ModelLoadError(f"model {config.name!r}: upstreams is empty")
+        self.model_id = config.name
+        self.config = config
+        self.timeouts = timeouts or UpstreamTimeouts()
+        self.pool = [Backend(url) for url in config.upstreams]
+        self.context_length = config.context_length or DEFAULT_CONTEXT_LENGTH
+        self.created = int(time.time())
+        self.tokenizer: TokenizerWrapper | None = None
+        self.chat_template: ChatTemplate | None = None
+        if config.tokenizer is not None:
+            self.tokenizer, self.chat_template = _load_tokenizer(config)
+        self._client: httpx.AsyncClient | None = None
+        self._health: asyncio.Task[None] | None = None
+        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._completed = 0
+
+    # -- the contract --------------------------------------------------------------------------
+
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """With a tokenizer: the prompt's tokens. Without: a stand-in whose length is an upper
+        bound of what the upstream will count (`wire.prompt_bound`); only its length is used.
+        Tools (forwarded in `GenerationRequest.extra`) count by their JSON's UTF-8 length."""
+        tools_bound = len(json.dumps(list(tools)).encode()) if tools else 0
+        if self.tokenizer is not None and self.chat_template is not None and not tools:
+            return self.tokenizer.encode(self.chat_template.render(messages))
+        return [0] * (wire.prompt_bound(messages) + tools_bound)
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        if not request.messages:
+            raise ValueError("an upstream request needs its messages")
+        if request.params.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        prompt = len(request.prompt_token_ids)
+        if self.tokenizer is not None and prompt >= self.context_length:
+            raise ContextLengthExceeded(prompt, self.context_length)
+        return self._run(request)
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to do: closing a request's stream closes its upstream connection."""
+
+    async def check_health(self) -> None:
+        if not any(backend.up for backend in self.pool):
+            raise UpstreamUnavailable(f"no upstream of model {self.model_id!r} is up")
+
+    def stats(self) -> EngineStats:
+        in_flight = sum(backend.in_flight for backend in self.pool)
+        return EngineStats(
+            active_sequences=in_flight,
+            queued_sequences=0,
+            last_batch_size=in_flight,
+            steps=self._completed,
+        )
+
+    def backends(self) -> list[BackendStats]:
+        return [backend.stats() for backend in self.pool]
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=self.timeouts.connect),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        await self._check_all()
+        self._health = asyncio.create_task(self._check_forever(), name=f"health-{self.model_id}")
+
+    async def shutdown(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health
+        if self._client is not None:
+            await self._client.aclose()
+
+    # -- routing and failover ------------------------------------------------------------------
+
+    def _pick(self, tried: set[int]) -> int | None:
+        """The untried upstream with the fewest requests in flight, healthy ones first."""
+        left = [i for i in range(len(self.pool)) if i not in tried]
+        if not left:
+            return None
+        return min(left, key=lambda i: (not self.pool[i].up, self.pool[i].in_flight))
+
+    async def _run(self, request: GenerationRequest) -> AsyncGenerator[GenerationOutput]:
+        assert self._client is not None, "start() the engine first"
+        tally = _Tally(self, request)
+        tried: set[int] = set()
+        reasons: list[str] = []
+        while (index := self._pick(tried)) is not None:
+            tried.add(index)
+            backend = self.pool[index]
+            backend.requests += 1
+            backend.in_flight += 1
+            try:
+                async with contextlib.aclosing(self._attempt(backend, request, tally)) as outputs:
+                    async for output in outputs:
+                        yield output
+                backend.up = True
+                self._completed += 1
+                return
+            except _TryNext as failure:
+                backend.errors[failure.kind] += 1
+                backend.failovers += 1
+                reasons.append(f"{backend.url}: {failure}")
+                logger.warning(
+                    "upstream %s failed before the first token of %s (%s); trying the next",
+                    backend.url,
+                    request.request_id,
+                    failure,
+                )
+            finally:
+                backend.in_flight -= 1
+        raise UpstreamUnavailable(
+            f"No upstream server of model '{self.model_id}' could take the request "
+            f"({len(reasons)} tried). Please retry shortly."
+        )
+
+    async def _attempt(
+        self, backend: Backend, request: GenerationRequest, tally: _Tally
+    ) -> AsyncGenerator[GenerationOutput]:
+        """One upstream's answer; raises `_TryNext` for a failure before the first token."""
+        assert self._client is not None
+        started = time.monotonic()
+        http_request = self._client.build_request(
+            "POST",
+            f"{backend.url}/chat/completions",
+            json=wire.request_body(request, self.config.upstream_model),
+            headers=self._headers,
+        )
+        response: httpx.Response | None = None
+        pieces: AsyncGenerator[wire.Piece] | None = None
+        try:
+            try:
+                async with asyncio.timeout(self.timeouts.first_token if request.stream else None):
+                    response = await self._client.send(http_request, stream=True)
+                    await self._refuse_unless_ok(backend, response)
+                    if not request.stream:
+                        document = json.loads(await response.aread())
+                        first = wire.parse_completion(document)
+                    else:
+                        pieces = _pieces(response)
+                        first = await _first_piece(pieces)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                backend.up = False
+                raise _TryNext("connect", type(exc).__name__) from None
+            except TimeoutError:
+                raise _TryNext("timeout", "no first token in time") from None
+            except (httpx.TransportError, ValueError, _StreamEnded) as exc:
+                raise _TryNext("cut", type(exc).__name__) from None
+            backend.up = True
+            if first.text or first.finish_reason:
+                backend.observe_ttft(time.monotonic() - started)
+            output = tally.add(first)
+            if output is not None:
+                yield output
+            if pieces is None:
+                yield tally.finish()
+                return
+            while not tally.done:
+                try:
+                    async with asyncio.timeout(self.timeouts.read):
+                        piece = await anext(pieces)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    backend.errors["timeout"] += 1
+                    raise UpstreamFailed(
+                        f"The upstream server of model '{self.model_id}' stopped sending "
+                        "tokens mid-answer."
+                    ) from None
+                except (httpx.TransportError, ValueError, _StreamEnded):
+                    backend.errors["cut"] += 1
+                    raise UpstreamFailed(
+                        f"The upstream server of model '{self.model_id}' broke off its answer."
+                    ) from None
+                if piece.error is not None:
+                    backend.errors["cut"] += 1
+                    raise UpstreamFailed(
+                        f"The upstream server of model '{self.model_id}' failed mid-answer: "
+                        f"{piece.error[:300]}"
+                    )
+                output = tally.add(piece)
+                if output is not None:
+                    yield output
+            if tally.finish_reason is None:
+                backend.errors["cut"] += 1
+                raise UpstreamFailed(
+                    f"The upstream server of model '{self.model_id}' broke off its answer."
+                )
+            yield tally.finish()
+        finally:
+            if pieces is not None:
+                await pieces.aclose()
+            if response is not None:
+                await response.aclose()  # unread: the connection closes, generation stops
+
+    async def _refuse_unless_ok(self, backend: Backend, response: httpx.Response) -> None:
+        status = response.status_code
+        if status == 200:
+            return
+        body = await response.aread()
+        try:
+            document: Any = json.loads(body)
+        except ValueError:
+            document = None
+        if status >= 500 or status in _RETRY_STATUSES:
+            if status in (401, 403):
+                logger.error("upstream %s refused our credentials (%d)", backend.url, status)
+            raise _TryNext("status", f"status {status}")
+        param, code = wire.error_fields(document)
+        raise UpstreamRejected(
+            400 if status in _REJECT_AS_400 or status < 400 else status,
+            wire.error_message(document),
+            param=param,
+            code=code,
+        )
+
+    # -- health --------------------------------------------------------------------------------
+
+    async def _check_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.timeouts.health_every)
+            await self._check_all()
+
+    async def _check_all(self) -> None:
+        await asyncio.gather(*(self._check(backend) for backend in self.pool))
+
+    async def _check(self, backend: Backend) -> None:
+        """`GET /models`: up if it answers 200; its `max_model_len`, where it gives one, is the
+        context length unless the models file set one."""
+        assert self._client is not None
+        try:
+            response = await self._client.get(
+                f"{backend.url}/models",
+                headers=self._headers,
+                timeout=httpx.Timeout(self.timeouts.connect + 2, connect=self.timeouts.connect),
+            )
+        except httpx.HTTPError as exc:
+            if backend.up:
+                logger.warning("upstream %s is down: %s", backend.url, type(exc).__name__)
+            backend.up = False
+            return
+        was_up, backend.up = backend.up, response.status_code == 200
+        if was_up != backend.up:
+            logger.warning(
+                "upstream %s is %s", backend.url, "up" if backend.up else f"down ({response})"
+            )
+        if backend.up and self.config.context_length is None:
+            self._learn_context_length(response)
+
+    def _learn_context_length(self, response: httpx.Response) -> None:
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            for model in response.json().get("data", []):
+                length = model.get("max_model_len")
+                if model.get("id") == self.config.upstream_model and isinstance(length, int):
+                    self.context_length = length
+
+
+class _StreamEnded(Exception):
+    """The upstream closed its stream before sending anything to show."""
+
+
+async def _pieces(response: httpx.Response) -> AsyncGenerator[wire.Piece]:
+    """The `data:` events of a stream until `[DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # blank lines, comments (keep-alives), `event:` lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield wire.parse_chunk(data)
+
+
+async def _first_piece(pieces: AsyncIterator[wire.Piece]) -> wire.Piece:
+    """Read until something counts: text, a finish, usage (role-only chunks do not)."""
+    async for piece in pieces:
+        if piece.error is not None:
+            raise _StreamEnded(piece.error)
+        if piece.text or piece.finish_reason or piece.logprobs or piece.completion_tokens:
+            return piece
+    raise _StreamEnded("the stream ended before its first token")
+
+
+@dataclass
+class _Tally:
+    """One choice's tokens as they arrive: counted here, replaced by the upstream's usage."""
+
+    engine: UpstreamEngine
+    request: GenerationRequest
+    counted: int = 0
+    reported_prompt: int | None = None
+    reported_completion: int | None = None
+    finish_reason: str | None = None
+    done: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.reported_prompt or len(self.request.prompt_token_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        cap = self.request.params.max_tokens
+        if self.reported_completion is not None:
+            return min(self.reported_completion, cap)
+        counted = self.counted
+        if self.finish_reason == "length":  # it generated all it was allowed to
+            room = self.engine.context_length - len(self.request.prompt_token_ids)
+            counted = max(counted, min(cap, room))
+        return min(counted, cap)
+
+    def add(self, piece: wire.Piece) -> GenerationOutput | None:
+        if piece.prompt_tokens is not None and piece.completion_tokens is not None:
+            self.reported_prompt = piece.prompt_tokens
+            self.reported_completion = piece.completion_tokens
+        if piece.text or piece.logprobs:
+            self.counted += self._count(piece)
+        if piece.finish_reason:
+            self.finish_reason = piece.finish_reason
+        if not piece.text and not piece.logprobs:
+            return None
+        return self._output(piece.text, piece.logprobs, finished=False)
+
+    def finish(self) -> GenerationOutput:
+        self.done = True
+        return self._output("", None, finished=True)
+
+    def _count(self, piece: wire.Piece) -> int:
+        if piece.logprobs:
+            return len(piece.logprobs)
+        tokenizer = self.engine.tokenizer
+        return max(1, len(tokenizer.encode(piece.text))) if tokenizer is not None else 1
+
+    def _output(self, text: str, logprobs: Any, *, finished: bool) -> GenerationOutput:
+        reason: FinishReason | None = None
+        if finished:
+            reason = "length" if self.finish_reason == "length" else "stop"
+        return GenerationOutput(
+            text=text,
+            token_ids=[],
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            finished=finished,
+            finish_reason=reason,
+            logprobs=logprobs,
+        )
+
+
+def _load_tokenizer(config: UpstreamConfig) -> tuple[TokenizerWrapper, ChatTemplate]:
+    """A tokenizer.json, or a dir with one (and its tokenizer_config.json's chat template;
+    without one, ChatML)."""
+    from api.engine.local_engine import TOKENIZER_FILE, load_chat_template
+
+    assert config.tokenizer is not None
+    path = config.tokenizer
+    directory = path if path.is_dir() else path.parent
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ModelLoadError(
+            f"model {config.name!r}: tokenizer {str(path)!r} has no {TOKENIZER_FILE}"
+        )
+    return TokenizerWrapper.from_file(file), load_chat_template(directory)

@@ -1,0 +1,170 @@
+"""The OpenAI wire format as spoken to an upstream: request bodies, streamed chunks, errors.
+
+Plain dicts on purpose: upstreams add fields of their own (vLLM's `max_model_len`, SGLang's
+`meta_info`), and only the few read here matter.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from api.engine.protocol import ChatMessage, GenerationRequest, TokenLogprob, TopLogprob
+
+# Added to the UTF-8 length of a ChatML rendering when no tokenizer counts the prompt. Every
+# token of a byte-level or byte-fallback vocabulary covers at least one byte, ChatML's markers
+# (~30 bytes a message) exceed the few tokens other templates add per message, and this covers
+# a template's default system prompt (Qwen's and Llama 3's take 20-30 tokens).
+PROMPT_BOUND_MARGIN = 128
+
+
+def prompt_bound(messages: Sequence[ChatMessage]) -> int:
+    """Prompt tokens an upstream can count at most for `messages`, without its tokenizer."""
+    rendered = "".join(
+        f"<|im_start|>{m.role}\n{json.dumps(_message(m), ensure_ascii=False)}<|im_end|>\n"
+        for m in messages
+    )
+    return len((rendered + "<|im_start|>assistant\n").encode("utf-8")) + PROMPT_BOUND_MARGIN
+
+
+def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
+    """The chat completion request for one choice (`n` choices go as n requests, so each is one
+    stream with its own seed and its own usage)."""
+    params = request.params
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [_message(message) for message in request.messages],
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stream": request.stream,
+    }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+    if params.seed is not None:
+        body["seed"] = params.seed - 2**64 if params.seed >= 2**63 else params.seed
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.presence_penalty:
+        body["presence_penalty"] = params.presence_penalty
+    if params.frequency_penalty:
+        body["frequency_penalty"] = params.frequency_penalty
+    if params.logprobs:
+        body["logprobs"] = True
+        if params.top_logprobs:
+            body["top_logprobs"] = params.top_logprobs
+    body.update(request.extra)
+    return body
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    tool_calls = getattr(message, "tool_calls", ())
+    if tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in tool_calls
+        ]
+    for field in ("tool_call_id", "name"):
+        if getattr(message, field, None):
+            out[field] = getattr(message, field)
+    return out
+
+
+@dataclass
+class Piece:
+    """What one upstream chunk (or a whole non-streamed answer) carried."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_tokens: int | None = None  # the upstream's usage, where it sent one
+    completion_tokens: int | None = None
+    error: str | None = None  # an error event in the stream
+
+
+def parse_chunk(data: str) -> Piece:
+    """One `data:` payload of a stream (raises ValueError on one that is not JSON)."""
+    document = json.loads(data)
+    if not isinstance(document, dict):
+        raise ValueError("a chunk is not a JSON object")
+    if "error" in document:
+        return Piece(error=error_message(document))
+    piece = _usage(document)
+    for choice in document.get("choices") or []:
+        delta = choice.get("delta") or {}
+        piece.text += delta.get("content") or ""
+        piece.finish_reason = choice.get("finish_reason") or piece.finish_reason
+        piece.logprobs = _logprobs(choice.get("logprobs"))
+    return piece
+
+
+def parse_completion(document: dict[str, Any]) -> Piece:
+    """A non-streamed answer."""
+    piece = _usage(document)
+    for choice in document.get("choices") or []:
+        message = choice.get("message") or {}
+        piece.text += message.get("content") or ""
+        piece.finish_reason = choice.get("finish_reason") or piece.finish_reason
+        piece.logprobs = _logprobs(choice.get("logprobs"))
+    return piece
+
+
+def _usage(document: dict[str, Any]) -> Piece:
+    usage = document.get("usage") or {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return Piece(prompt_tokens=prompt, completion_tokens=completion)
+    return Piece()
+
+
+def _logprobs(raw: Any) -> list[TokenLogprob] | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
+        return None
+    return [
+        TokenLogprob(
+            token=item.get("token", ""),
+            logprob=float(item.get("logprob", 0.0)),
+            bytes=list(item.get("bytes") or []),
+            top_logprobs=[
+                TopLogprob(
+                    token=top.get("token", ""),
+                    logprob=float(top.get("logprob", 0.0)),
+                    bytes=list(top.get("bytes") or []),
+                )
+                for top in item.get("top_logprobs") or []
+            ],
+        )
+        for item in raw["content"]
+    ]
+
+
+def error_message(document: Any) -> str:
+    """The message of an error body: OpenAI's `{"error": {...}}`, vLLM's `{"message": ...}`,
+    FastAPI's `{"detail": ...}`."""
+    if isinstance(document, dict):
+        error = document.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        for key in ("message", "detail"):
+            if isinstance(document.get(key), str):
+                return document[key]
+        if document.get("detail") is not None:
+            return json.dumps(document["detail"])[:500]
+    return "The upstream server refused the request."
+
+
+def error_fields(document: Any) -> tuple[str | None, str | None]:
+    """`(param, code)` of an OpenAI-shaped error body, where it has them."""
+    error = document.get("error") if isinstance(document, dict) else None
+    if not isinstance(error, dict):
+        return None, None
+    param, code = error.get("param"), error.get("code")
+    return (
+        param if isinstance(param, str) else None,
+        code if isinstance(code, str) else None,
+    )

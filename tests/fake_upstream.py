@@ -1,0 +1,189 @@
+"""A small OpenAI-compatible upstream that fails on purpose, run as its own process so a test
+can kill it mid-answer: `python -m tests.fake_upstream --port N`.
+
+Each answer is `max_tokens` words ("w0 w1 ..."), one chunk a word, sent `--delay` seconds apart,
+ending "length". Its usage: prompt tokens = the words of every message plus 4 a message (a
+count below any byte-length bound), completion tokens = words sent. `POST /_mode` picks the
+next answers' fault:
+
+- `ok`: streams honour `stream_options.include_usage`, non-streamed answers carry usage;
+- `no_usage`: no usage anywhere;
+- `status_500`, `status_400`: that status before anything (400 names the field `temperature`);
+- `stall`: headers, then nothing;
+- `cut`: the connection drops after `--cut-after` words.
+
+`GET /_state` says how many answers started, are streaming now and were left by their client.
+It checks `Authorization: Bearer $FAKE_UPSTREAM_KEY` when that variable is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+STATE: dict[str, Any] = {"mode": "ok", "started": 0, "streaming": 0, "left": 0, "bodies": []}
+OPTIONS: dict[str, Any] = {"delay": 0.01, "cut_after": 3}
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    return sum(len(str(m.get("content") or "").split()) + 4 for m in body["messages"])
+
+
+def chunk(content: str | None, finish: str | None = None, **extra: Any) -> str:
+    choices = (
+        []
+        if content is None and finish is None
+        else [
+            {
+                "index": 0,
+                "delta": {} if content is None else {"content": content},
+                "finish_reason": finish,
+            }
+        ]
+    )
+    payload = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "fake",
+        "choices": choices,
+        **extra,
+    }
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def completions(request: Request) -> Response:
+    key = os.environ.get("FAKE_UPSTREAM_KEY")
+    if key and request.headers.get("authorization") != f"Bearer {key}":
+        return JSONResponse({"error": {"message": "bad key", "type": "auth"}}, status_code=401)
+    body = await request.json()
+    STATE["bodies"].append(body)
+    STATE["started"] += 1
+    mode = STATE["mode"]
+    if mode == "status_500":
+        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+    if mode == "status_400":
+        return JSONResponse(
+            {
+                "error": {
+                    "message": "temperature is not supported by this upstream",
+                    "type": "invalid_request_error",
+                    "param": "temperature",
+                    "code": "unsupported",
+                }
+            },
+            status_code=400,
+        )
+    words = [f"w{i}" for i in range(body.get("max_tokens") or 16)]
+    usage = {
+        "prompt_tokens": prompt_tokens(body),
+        "completion_tokens": len(words),
+        "total_tokens": prompt_tokens(body) + len(words),
+    }
+    if not body.get("stream"):
+        await asyncio.sleep(OPTIONS["delay"] * len(words))
+        answer = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "fake",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "message": {"role": "assistant", "content": " ".join(words)},
+                }
+            ],
+        }
+        if mode != "no_usage":
+            answer["usage"] = usage
+        return JSONResponse(answer)
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+    async def events():
+        STATE["streaming"] += 1
+        finished = False
+        try:
+            yield chunk("")  # role-only first chunk, as servers send
+            if mode == "stall":
+                await asyncio.sleep(3600)
+            for index, word in enumerate(words):
+                if mode == "cut" and index == OPTIONS["cut_after"]:
+                    raise ConnectionAbortedError("cut on purpose")  # uvicorn drops the connection
+                await asyncio.sleep(OPTIONS["delay"])
+                yield chunk(("" if index == 0 else " ") + word)
+            yield chunk(None, "length")
+            if include_usage and mode != "no_usage":
+                yield chunk(None, usage=usage)
+            yield "data: [DONE]\n\n"
+            finished = True
+        finally:  # cancelled, or closed by a failed send: either way the client left
+            STATE["streaming"] -= 1
+            STATE["left"] += 0 if finished or mode == "cut" else 1
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def models(request: Request) -> Response:
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": "fake",
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "me",
+                    "max_model_len": 4096,
+                }
+            ],
+        }
+    )
+
+
+async def mode(request: Request) -> Response:
+    STATE["mode"] = (await request.json())["mode"]
+    return JSONResponse({"mode": STATE["mode"]})
+
+
+async def state(request: Request) -> Response:
+    return JSONResponse(
+        {k: v for k, v in STATE.items() if k != "bodies"}
+        | {"last_body": STATE["bodies"][-1] if STATE["bodies"] else None, "time": time.time()}
+    )
+
+
+app = Starlette(
+    routes=[
+        Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/models", models),
+        Route("/_mode", mode, methods=["POST"]),
+        Route("/_state", state),
+    ]
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay", type=float, default=0.01)
+    parser.add_argument("--cut-after", type=int, default=3)
+    parser.add_argument("--mode", default="ok")
+    args = parser.parse_args()
+    OPTIONS.update(delay=args.delay, cut_after=args.cut_after)
+    STATE["mode"] = args.mode
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
