@@ -17,9 +17,9 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from billing.errors import OrderError
-from billing.ledger import credit, lock_account
-from billing.models import Account, Order, Purchase, utcnow
+from billing.errors import OrderError, PurchaseNotFound
+from billing.ledger import credit, get_balance, lock_account
+from billing.models import Account, Order, Purchase, Referral, utcnow
 from billing.packs import Pack
 from billing.referrals import Reward, referrer_of, reward
 
@@ -181,3 +181,47 @@ def _find_purchase(session: Session, charge_id: str) -> Purchase | None:
     return session.exec(
         select(Purchase).where(col(Purchase.telegram_payment_charge_id) == charge_id)
     ).first()
+
+
+@dataclass(frozen=True)
+class RefundCheck:
+    """A buyer's request to refund one of their purchases, against the rule the terms state:
+    within the window, and the pack's tokens unused (the available balance covers the pack).
+    A purchase that paid a referral reward is left to the operator, so that buying and refunding
+    cannot mint referral tokens."""
+
+    purchase: Purchase
+    available: int
+    within_window: bool
+    unused: bool
+    paid_referral: bool
+
+    @property
+    def automatic(self) -> bool:
+        return (
+            self.purchase.refunded_at is None
+            and self.within_window
+            and self.unused
+            and not self.paid_referral
+        )
+
+
+def check_refund(
+    *, session: Session, account_id: int, purchase_id: int, window: timedelta
+) -> RefundCheck:
+    """Raises PurchaseNotFound unless the purchase is this account's."""
+    purchase = session.get(Purchase, purchase_id)
+    if purchase is None or purchase.account_id != account_id:
+        raise PurchaseNotFound(f"No purchase {purchase_id} of account {account_id}.")
+    available = get_balance(session=session, account_id=account_id).available
+    paid_referral = (
+        session.exec(select(Referral.id).where(col(Referral.purchase_id) == purchase.id)).first()
+        is not None
+    )
+    return RefundCheck(
+        purchase=purchase,
+        available=available,
+        within_window=utcnow() - purchase.created_at <= window,
+        unused=available >= purchase.tokens,
+        paid_referral=paid_referral,
+    )

@@ -36,6 +36,7 @@ from bot import keyboards
 from bot.handlers import (
     admin,
     balance,
+    claims,
     errors,
     growth,
     key,
@@ -145,6 +146,7 @@ def _add_handlers(application: Application, settings: BotSettings) -> None:  # t
             CallbackQueryHandler(key.on_key_action, pattern=keyboards.KEY_PATTERN),
             CallbackQueryHandler(admin.on_refund_action, pattern=keyboards.REFUND_PATTERN),
             CallbackQueryHandler(support.ask, pattern=keyboards.SUPPORT_PATTERN),
+            CallbackQueryHandler(claims.on_claim, pattern=keyboards.CLAIM_PATTERN),
             CallbackQueryHandler(balance.on_usage_action, pattern=keyboards.USAGE_PATTERN),
             CallbackQueryHandler(language.on_language, pattern=keyboards.LANGUAGE_PATTERN),
             MessageHandler(filters.REPLY & filters.TEXT & ~filters.COMMAND & private, replies),

@@ -21,6 +21,7 @@ KEY = "key:"  # key:list, key:new, key:cancel, key:<action>:<key id>
 REFUND_PURCHASE = "refund:p:"  # + purchase id
 REFUND_CANCEL = "refund:cancel"
 SUPPORT_WRITE = "support:write"
+CLAIM = "claim:"  # + purchase id: the buyer asks for a refund
 USAGE = "usage:"  # usage:page:<n>, usage:csv
 LANGUAGE = "lang:"  # + language code
 
@@ -29,6 +30,7 @@ TERMS_PATTERN = rf"^{TERMS_ACCEPT}$"
 KEY_PATTERN = rf"^{KEY}"
 REFUND_PATTERN = r"^refund:"
 SUPPORT_PATTERN = rf"^{SUPPORT_WRITE}$"
+CLAIM_PATTERN = rf"^{CLAIM}"
 USAGE_PATTERN = rf"^{USAGE}"
 LANGUAGE_PATTERN = rf"^{LANGUAGE}"
 
@@ -131,8 +133,22 @@ def confirm_refund(lang: Lang, purchase_id: int, price: int) -> InlineKeyboardMa
     )
 
 
-def write_to_support(lang: Lang) -> InlineKeyboardMarkup:
-    return InlineKeyboardMarkup([[_button(lang, "button_write_support", SUPPORT_WRITE)]])
+def write_to_support(
+    lang: Lang, refundable: Sequence[tuple[int, str, int]] = ()
+) -> InlineKeyboardMarkup:
+    """Write to support; and one refund request button per (purchase id, pack, price) given."""
+    return InlineKeyboardMarkup(
+        [
+            [
+                InlineKeyboardButton(
+                    t(lang, "button_claim", pack=pack, price=price),
+                    callback_data=f"{CLAIM}{purchase_id}",
+                )
+            ]
+            for purchase_id, pack, price in refundable
+        ]
+        + [[_button(lang, "button_write_support", SUPPORT_WRITE)]]
+    )
 
 
 def usage_pages(lang: Lang, page: int, older: bool) -> InlineKeyboardMarkup:

@@ -42,6 +42,9 @@ class BotSettings(BillingSettings):
     # Refunds the terms promise: within this many days of a purchase, while the buyer's available
     # balance still covers the pack (Stars refunds are all or nothing).
     refund_window_days: int = Field(default=14, ge=0)
+    # Under that rule a buyer's request is refunded at once; False: every request waits for an
+    # operator's tap.
+    refund_automatically: bool = True
     # Growth: the referrer's share (percent of the tokens) of a referred buyer's first purchase,
     # and tokens given to every new account (0: none).
     referral_share_percent: int = Field(default=10, ge=0, le=100)

@@ -10,6 +10,7 @@ operator's reply to it (Telegram's reply) goes back to the buyer. It works witho
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from sqlmodel import Session
 from telegram import ForceReply, Update
@@ -17,7 +18,7 @@ from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
 from billing import stray_charges, support
-from billing.models import Account, Purchase, StrayCharge
+from billing.models import Account, Purchase, StrayCharge, utcnow
 from billing.purchases import recent_purchases
 from bot import keyboards
 from bot.runtime import account_of, lang, runtime
@@ -26,6 +27,7 @@ from bot.texts import LANGUAGES, Html, language_for, lines, number, plain, t, wh
 logger = logging.getLogger(__name__)
 
 RECENT_CHARGES = 10
+REFUND_BUTTONS = 3  # refund requests offered for the newest charges
 
 
 async def show_help(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -93,6 +95,12 @@ async def pay_support(update: Update, context: ContextTypes.DEFAULT_TYPE) -> Non
         for stray in strays
     ]
     settings = runtime(context).settings
+    since = utcnow() - timedelta(days=settings.refund_window_days)
+    refundable = [
+        (purchase.id, purchase.pack_title, purchase.price)
+        for purchase in purchases
+        if purchase.id is not None and purchase.refunded_at is None and purchase.created_at >= since
+    ][:REFUND_BUTTONS]
     contact = (
         t(language, "paysupport_contact", contact=settings.support_contact)
         if settings.support_contact
@@ -106,7 +114,7 @@ async def pay_support(update: Update, context: ContextTypes.DEFAULT_TYPE) -> Non
             days=settings.refund_window_days,
             contact=contact,
         ),
-        reply_markup=keyboards.write_to_support(language),
+        reply_markup=keyboards.write_to_support(language, refundable),
     )
 
 

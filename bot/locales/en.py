@@ -349,4 +349,25 @@ TEXTS: dict[str, str] = {
     "language_choose": "Choose the bot's language:",
     "language_set": "Language: {name}.",
     "menu_updated": "The menu is updated.",
+    "button_claim": "↩️ Ask to refund {pack} ({price} ⭐)",
+    "claim_unknown": "That purchase is not yours or no longer exists.",
+    "claim_already": "The payment <code>{charge_id}</code> has been refunded already.",
+    "claim_sent": (
+        "Your refund request for <code>{charge_id}</code> was passed to the operators; "
+        "their answer will come here."
+    ),
+    "claim_reason_window": "past the refund window",
+    "claim_reason_used": "tokens of the pack were used",
+    "claim_reason_referral": "the purchase paid a referral reward",
+    "operator_claim": (
+        "↩️ <b>Refund request</b> from {name} (id {telegram_id})\n"
+        "Charge <code>{charge_id}</code> · {pack} · {price} ⭐ · {tokens} tokens · {time}\n"
+        "Available: {available} tokens; a refund leaves {spent} spent.\n"
+        "Not refunded automatically: {reasons}.\n"
+        "<i>Refund with the button, or reply to this message to answer.</i>"
+    ),
+    "operator_claim_refunded": (
+        "↩️ Refunded under the terms' rule: charge <code>{charge_id}</code> of user "
+        "{telegram_id}, {price} ⭐, {tokens} tokens removed."
+    ),
 }

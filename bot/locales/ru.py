@@ -348,4 +348,24 @@ TEXTS: dict[str, str] = {
     "language_choose": "Выберите язык бота:",
     "language_set": "Язык: {name}.",
     "menu_updated": "Меню обновлено.",
+    "button_claim": "↩️ Вернуть {pack} ({price} ⭐)",
+    "claim_unknown": "Эта покупка не ваша или её больше нет.",
+    "claim_already": "Платёж <code>{charge_id}</code> уже возвращён.",
+    "claim_sent": (
+        "Запрос на возврат <code>{charge_id}</code> передан операторам; ответ придёт сюда."
+    ),
+    "claim_reason_window": "срок возврата прошёл",
+    "claim_reason_used": "токены пакета израсходованы",
+    "claim_reason_referral": "покупка принесла награду за приглашение",
+    "operator_claim": (
+        "↩️ <b>Запрос на возврат</b> от {name} (id {telegram_id})\n"
+        "Платёж <code>{charge_id}</code> · {pack} · {price} ⭐ · {tokens} токенов · {time}\n"
+        "Доступно: {available} токенов; после возврата останется израсходовано {spent}.\n"
+        "Не возвращён автоматически: {reasons}.\n"
+        "<i>Верните кнопкой или ответьте на это сообщение.</i>"
+    ),
+    "operator_claim_refunded": (
+        "↩️ Возвращено по правилу условий: платёж <code>{charge_id}</code> "
+        "пользователя {telegram_id}, {price} ⭐, списано {tokens} токенов."
+    ),
 }
