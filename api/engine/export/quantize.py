@@ -1,19 +1,16 @@
 """Weight quantization of an export dir, in place: int8 (dynamic) and int4 (`MatMulNBits`).
 
-CPU decoding reads every weight once per step, so bytes per weight set the speed (FACTS.md). Two
-choices here are not the quantizers' defaults, and both are about the LM head:
+CPU decoding reads every weight once per step, so bytes per weight set the speed. Two choices
+are not the quantizers' defaults, both about the LM head:
 
-- A tied embedding / LM head is exported once (optimum dedups it when `accelerate` is installed)
-  and the head reads it through a `Transpose` node. Quantizers only touch a MatMul whose weight is
-  an initializer, so that head would stay fp32: on Qwen2.5-0.5B's shape 136M weights (545 MB per
-  token), more than all int4 layers together. `untie_head` stores the transposed head as its own
-  initializer first; the embedding `Gather` stays fp32, since it reads one row per token.
-- The head is quantized separately (`head_bits`): its errors land directly on the logits that
-  greedy decoding compares, so it may keep more bits than the layers; the export picks by the
-  divergence and speed measured in `bench/quantize.py` and `tests/engine/export/test_quantize.py`.
-  An 8-bit head of an int4 export uses ONNX Runtime's dynamic int8 kernel, as the int8 export
-  does, not 8-bit `MatMulNBits`: on 2 AVX2 cores the 151,936-column head takes the same 6.6 ms
-  for one row, but 11.8 ms against 27.4 ms for 8 rows (a decode step of 8 streams).
+- A tied embedding / LM head would stay fp32 (quantizers only touch a MatMul whose weight is an
+  initializer, and the head reads the embedding through a `Transpose`): `untie_head` stores
+  the transposed head as its own initializer first; the embedding `Gather` stays fp32, read
+  one row per token.
+- The head is quantized separately (`head_bits`): its errors land directly on the logits, so it
+  may keep more bits than the layers. An 8-bit head of an int4 export uses ONNX Runtime's
+  dynamic int8 kernel, not 8-bit `MatMulNBits`, which is slower for a batch of rows. Figures:
+  bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -36,14 +33,11 @@ class Int4Config:
     """How `MatMulNBits` quantizes: layers at 4 bits, the head at `head_bits` (4, 8, or 32
     to keep it fp32). Defaults chosen by `bench/quantize.py` (see the export's docstring).
 
-    Blocks of 128 weights per scale, not 32: measured on the Qwen2.5-0.5B shape (2 cores,
-    fused attention), one stream decodes 37 tok/s against 31 (the kernel's per-block work, not
-    the bytes, was the cost), while greedy agreement with fp32 over 32 prompts x 24 tokens of
-    `tests/engine/export/test_quantize.py`'s model stayed 0.983 against 0.986. Not 256 either: on an
-    AVX-512 VNNI host its decode step took 9.11 ms against 9.21 for one sequence and 20.14
-    against 21.66 for eight (64 took 9.68 and 23.98; median of 8 interleaved segments), too
-    little to trade for twice the weights per scale, whose cost in quality a random-weight
-    model cannot show."""
+    Blocks of 128 weights per scale, not 32 or 256: chosen by decode speed on the Qwen2.5-0.5B
+    shape (`bench/quantize.py`, `bench/context.py`), greedy agreement with fp32 about the same
+    (`tests/engine/export/test_quantize.py`); 256 gained too little to trade for twice the
+    weights per scale, whose cost in quality a random-weight model cannot show
+    (bench/results/2026-11-26-kernel-notes.md)."""
 
     block_size: int = 128
     accuracy_level: int = 4  # int8 activations in the kernel: the fast CPU path

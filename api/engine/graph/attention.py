@@ -1,22 +1,13 @@
 """A load-time graph edit: ONNX Runtime's `GroupQueryAttention` becomes our `CachedAttention`.
 
-`fused_attention.py` gives each layer a `GroupQueryAttention` over the shared KV buffer. On the
-CPU that kernel runs two SGEMM calls per sequence and query head: for 8 decoding sequences of
-Qwen2.5-0.5B's shape (14 query heads on 2 KV heads) 224 calls a layer of a few thousand
-multiplies each, and attention took 4.0 ms of a ~20 ms int4 step on 2 cores (0.8 ms for one
-sequence). Our op (`csrc/attention.c`) takes the same inputs and scores the query heads that share
-a KV head as one tile, reading each cached key and value once for all of them.
-
-Two ops before each attention go with it:
-- the `Mul` of the query by the attention scale (`fused_attention.py` puts the scale there for
-  ONNX Runtime's SGEMM), which becomes the op's `scale` attribute;
-- the `Split` of the merged q/k/v projection (`merged_projections.py`): the op reads q, k and v
-  packed in one tensor.
-Each goes only when nothing else reads its outputs. Our op also takes left-padded rows, so when
-every attention of a graph is ours the engine prefills prompts of different lengths in one call
-(`kv_slots.py`). Nodes with a local window, soft-capping,
-interleaved rotary or inputs past the rotary caches are left to ONNX Runtime, and so are those
-whose cache is not a float32 graph input with a head size the op takes (a multiple of 8 up to 256).
+Our op (`ops/csrc/attention.c`) takes the same inputs and KV buffer and scores the query heads
+that share a KV head as one tile, reading each cached key and value once for all of them, where
+ONNX Runtime's CPU kernel runs two SGEMMs per sequence and query head. The query's scale `Mul`
+and the merged q/k/v `Split` go into the op where nothing else reads them. It takes left-padded
+rows, so when every attention is ours, prompts of different lengths are prefilled in one call
+(`runtime/slot_batch.py`). Nodes with a local window, soft-capping, interleaved rotary, inputs
+past the rotary caches, a cache that is not a float32 graph input, or a head size other than a
+multiple of 8 up to 256 stay on ONNX Runtime. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
 """A load-time graph edit: each layer's attention becomes ONNX Runtime's `GroupQueryAttention`.
 
-An Optimum decoder spells attention out op by op, and on every decode step it pays for that
-per sequence: `Concat` copies the whole past into a new `present` tensor, `Expand` + `Reshape`
-copy it again to repeat the KV heads for every query head (2 -> 14 on a Qwen2.5-0.5B shape), and
-the engine then re-pads the batch's cache whenever a sequence joins or leaves. All of it grows
-with batch x context, which is why batching stopped paying off (issue 3's profile: 99% of a step
-inside ONNX Runtime).
-
-`GroupQueryAttention` (com.microsoft) does the same attention on the un-repeated KV heads and,
-when `past_key` and `present_key` are bound to the same buffer, appends the new keys in place:
-the cache becomes a preallocated buffer `[slots, kv_heads, capacity, head_dim]` that no step
-copies (`kv_slots.py` keeps it). Each row's real length is the `seqlens_k` input, so rows of
-different lengths share the buffer right-padded, with no mask.
-
-What is replaced per layer, found by walking the graph rather than by node names:
-`Concat(past, new)` -> `present` for key and value, the repeat of the KV heads, the scaled
-`MatMul`, the mask, `Softmax` and the `MatMul` with the values, down to the `Reshape` to
-`[batch, seq, hidden]`. The scale is read from the graph's constants and applied to the query
-before attention (`_layer` says why). RoPE: when it is the original, unscaled one
-(`_plain_rope`) and each layer spells it `x * cos + rotate_half(x) * sin`, attention applies it
-itself from cos/sin caches computed here, and reads the q/k/v projections directly; the graph's
-rotary ops and its `position_ids` input then go (on the Qwen2.5-0.5B shape the optimized graph
-shrinks from 1,222 nodes to 340). Scaled or partial RoPE keeps the graph's own rotary ops,
-driven by `position_ids`, so those variants stay exact.
-
-The edit is refused (the graph served as exported, `False` returned) when any layer does not
-have exactly that shape, when the graph has no `position_ids` input (positions would be read
-off the buffer's width), when the model uses a sliding window or soft-capping, or when anything
-but attention still reads `attention_mask` afterwards.
+The exported attention copies the whole past into `present` and repeats the KV heads on every
+step; `GroupQueryAttention`, with past and present bound to one preallocated buffer
+(`runtime/slot_batch.py`), appends in place, each row's length in `seqlens_k`. A layer's ops
+are found by walking the graph, not by names; the scale moves onto the query (`_layer` says
+why). Plain RoPE is applied by attention from cos/sin caches built here (the graph's rotary ops
+and `position_ids` go); scaled or partial RoPE keeps the graph's own rotary ops, so every
+variant stays exact. Refused (`False`: served as exported) unless every layer matches, the
+graph has `position_ids`, there is no sliding window or soft-capping, and nothing but
+attention reads `attention_mask`. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Our 4-bit matrix multiply (`csrc/int4_matmul.c`) in place of ONNX Runtime's `MatMulNBits`.
+"""Our 4-bit matrix multiply (`Int4MatMul`, `ops/csrc/matmul.c`) in place of `MatMulNBits`.
 
-ONNX Runtime's kernel pays most of a row's time again for every extra row of a batch: a Qwen2.5-
-0.5B layer's merged gate/up projection (896 x 9728, block 128, 2 threads) took 84 us for 1 row
-and 399 us for 8 (a decode step of 8 streams) on an AVX-512 VNNI AMD EPYC. Ours unpacks each
-weight group once for a tile of rows and 8 columns and applies the scales once per block of
-such a tile: 74 and 235 us there (`bench/int4_kernel.py`); AVX2 where the CPU lacks VNNI.
-
-It is a custom op library, built from source at install (`api/engine/ops/build.py`), so it may
-be absent: then, or where the CPU lacks AVX2/FMA, or where the node is not one the op covers,
-the graph keeps `MatMulNBits`. `use_int4_kernel` edits the graph when it is loaded; the export
-on disk stays standard.
+ONNX Runtime's kernel pays most of a row's time again for every extra row of a batch; ours
+unpacks each weight group once for a tile of rows and 8 columns and applies the scales once per
+block of such a tile (AVX2, AVX-512 VNNI or AMX, the best the CPU has). Where the library is
+absent, the CPU lacks AVX2/FMA, or a node is not one the op covers, the graph keeps
+`MatMulNBits`. `use_int4_kernel` edits the graph when it is loaded; the export on disk stays
+standard. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -35,8 +31,8 @@ def use_int4_kernel(model: onnx.ModelProto) -> int:
     input, a block size in `BLOCK_SIZES`, N a multiple of 8. The attributes are the same; the
     weights and scales are regrouped (`_regroup_weights`); a bias `Add` right behind the node
     becomes its fourth input (ONNX Runtime folds one into `MatMulNBits` itself, not into a
-    custom op: measured, the 24 Adds of a Qwen2.5-0.5B step took 0.9 ms of one sequence's 21),
-    and a residual `Add` behind it the fifth (`fold_adds`)."""
+    custom op: bench/results/2026-11-26-kernel-notes.md), and a residual `Add` behind it the
+    fifth (`fold_adds`)."""
 
     graph = model.graph
     constants = constants_of(graph)

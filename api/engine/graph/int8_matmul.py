@@ -1,22 +1,13 @@
-"""Our 8-bit matrix multiply (`Int8MatMul`, `csrc/int4_matmul.c`) in place of ONNX Runtime's
+"""Our 8-bit matrix multiply (`Int8MatMul`, `ops/csrc/matmul.c`) in place of ONNX Runtime's
 dynamic int8 quantization: every projection of an int8 export, and the LM head of an int4 one.
 
-ONNX Runtime's dynamic quantizer writes each such projection as `DynamicQuantizeLinear` (the
-activations to uint8 with one scale for the whole tensor) -> `MatMulInteger` (int8 weights) ->
-`Cast` -> `Mul` by the two scales, which ONNX Runtime runs as one `DynamicQuantizeMatMul`.
-Ours shares each loaded group of weights across a tile of up to 8 rows, as the int4 kernel
-does, and prefetches the next tile's weights while it multiplies. On a Qwen2.5-0.5B-shaped int4
-export the 151,936-column head is 136 MB of int8 weights, 40% of a decode step's bytes: there a
-step took 13.32 -> 11.91 ms for one sequence and 27.52 -> 25.67 ms for 8, and an int8 export's
-22.74 -> 20.91 and 35.43 -> 27.01 ms (AVX-512 VNNI host, interleaved segments).
-
-The activations are quantized per block of 128 (or 64), symmetric, with a scale each, as the
-int4 kernel does, where ONNX Runtime uses one asymmetric uint8 scale for the whole tensor: the
-two differ by that rounding (tests bound ours against the float product and ONNX Runtime's).
-
-Like `int4_matmul.use_int4_kernel`, this edits the graph at load time only; weights are
-rearranged by `Reshape` / `Transpose` / `Expand` nodes that ONNX Runtime's constant folding runs
-once when the session is created.
+Each `DynamicQuantizeLinear` -> `MatMulInteger` -> `Cast` -> `Mul` chain becomes the op, which
+shares each loaded group of weights across a tile of rows, as the int4 kernel does. Activations
+are quantized per block of 128 (or 64), symmetric, where ONNX Runtime uses one asymmetric scale
+for the whole tensor: the two differ by that rounding (tests bound ours against the float
+product and ONNX Runtime's). Weights are rearranged by nodes ONNX Runtime's constant folding
+runs once at load; the export on disk stays standard. Figures:
+bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -55,11 +46,9 @@ class _Projection:
 def runs_faster_here(library: Path) -> bool:
     """Whether the engine should serve int8 projections with our op on this CPU: where it
     multiplies with AVX-512 VNNI or AMX tiles, as measured. Its AVX2 path (correct, and
-    tested) multiplies int8 weights as |w| times the activation with w's sign, an abs and a
-    sign more per 32 weights than `vpmaddubsw` alone; against ONNX Runtime on a VNNI host it
-    took 39.6 ms for an int8 export's 8-row step against 28.3, and on an AVX2-only host (Zen 3)
-    it made an int4 export's 8-row step 47.0 ms against 44.7 with ONNX Runtime's head, so
-    there ONNX Runtime's kernel stays."""
+    tested) costs an abs and a sign more per 32 weights than `vpmaddubsw` alone and measured
+    slower than ONNX Runtime's kernel, so there ONNX Runtime's kernel stays
+    (bench/results/2026-11-26-kernel-notes.md)."""
     return isa_of(library) in ("avx512-vnni", "amx")
 
 

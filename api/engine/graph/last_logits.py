@@ -1,26 +1,14 @@
 """A load-time graph edit: compute logits for the last position only.
 
-An Optimum decoder returns logits [batch, seq, vocab] for every input position, but generation
-reads only the last one. At prefill that is the LM head applied to every prompt token: on a
-Qwen2.5-0.5B-shaped model 28% of the prefill FLOPs (FACTS.md), plus a `seq x vocab` float
-tensor (311 MB for a 512-token prompt) written and returned. ONNX Runtime cannot skip unused
-work, so the graph itself is changed: a `Slice` keeps the last position of the hidden state that
-feeds the head.
-
-The edit is exact because everything from that hidden state to `logits` works position by
-position: the head (`MatMul`, or `MatMulNBits` after int4 quantization), then element-wise ops
-with constant operands (a `Cast`, gemma-style soft-capping). Any other shape of graph is left
-alone (`slice_last_position` returns False) and the engine reads `logits[:, -1]` as before.
-
-One head is sliced although it does not work position by position: an int8 head of ONNX
-Runtime's dynamic quantization (`DynamicQuantizeLinear` -> `MatMulInteger` -> rescale), whose
-activation scale spans every position it is given. Sliced, the last position is quantized with
-a scale of its own, as on every decode step; unsliced, a 512-token prompt would run the
-151,936-column head over all 512 positions (about 0.5 s of a 2-core prefill) for one row of it.
-
-Only the graph proto is read (no weights): the edited bytes are handed to ONNX Runtime, which
-finds external weight files through the model dir. `onnx` is part of the export extra; without it
-the graph is served unedited.
+An Optimum decoder returns logits for every input position, but generation reads only the last
+one; at prefill that is the LM head over every prompt token and a `seq x vocab` tensor. A
+`Slice` keeps the last position of the hidden state that feeds the head. Exact, because from
+there to `logits` everything works position by position (the head, then element-wise ops with
+constant operands); any other shape of graph is left alone (`slice_last_position` returns
+False) and the engine reads `logits[:, -1]`. One exception is sliced on purpose: ONNX Runtime's
+dynamic int8 head, whose activation scale spans the positions it is given, so the last
+position gets a scale of its own, as on every decode step. Only the graph proto is read, not
+the weights. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations

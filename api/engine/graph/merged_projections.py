@@ -1,22 +1,11 @@
 """A load-time graph edit: int4 projections that read the same tensor become one call.
 
-Each decoder layer reads its normed hidden state with three projections (q, k, v) and its MLP
-input with two (gate, up). A decode step runs each as its own kernel over one row per sequence,
-and the small ones cost mostly their call: on Qwen2.5-0.5B's shape in int4, k and v (896 x 128)
-took 12 us each against 25 us for q (896 x 896) and ~90 us for gate or up (896 x 4864). One
-`MatMulNBits` over the concatenated weights reads the same bytes; a `Split` hands every consumer
-its original tensor, so nothing downstream changes. A bias `Add` behind every sibling (Qwen2's
-q, k, v) becomes one `Add` before the `Split`, which ONNX Runtime still folds into the kernel.
-
-The weights are not read here: the merged weights are `Concat`s of the original initializers,
-which ONNX Runtime's constant folding turns into initializers when the session is created (the
-graph cache then keeps the result); a first load peaks 57 MB higher, later loads not at all.
-
-Only `MatMulNBits` (int4) is merged, measured on the same shape and machine: fp32 `MatMul`s
-decoded no faster merged (50.7 ms a step against 50.5) and a first load peaked 1 GB higher
-(the folded copy of the weights); merging int8's `MatMulInteger` chains (with one weight scale
-per column, so that ONNX Runtime still fuses each into one kernel) left one stream's kernels at
-7.70 ms a step against 7.83 and made 8 streams 5% slower.
+A layer's q/k/v projections, and its gate/up projections, each become one `MatMulNBits` over
+concatenated weights; a `Split` hands every consumer its original tensor, so nothing downstream
+changes, and a bias `Add` behind every sibling becomes one `Add` before the `Split`. The merged
+weights are `Concat`s of the original initializers, folded when the session is created (the
+graph cache keeps the result). Only int4 is merged: for fp32 `MatMul`s and int8 chains it was
+measured and did not pay. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations

@@ -78,9 +78,9 @@ def _fold_residual(
 ) -> None:
     """Make the `Add` that alone reads `node`'s output and adds a computed tensor to it (the
     residual stream behind a layer's o and down projections) the node's fifth input: the op
-    adds it as it writes Y. Measured on Qwen2.5-0.5B's int4 step (2 cores), those 48 Adds a
-    step took 0.29 ms for one sequence and 0.42 ms for 8. The op checks, per call, that the
-    residual has Y's size (a broadcast one is refused, not read past)."""
+    adds it as it writes Y, saving an op per projection (bench/results/2026-11-26-kernel-notes.md).
+    The op checks, per call, that the residual has Y's size (a broadcast one is refused, not read
+    past)."""
     behind = _add_behind(graph, node)
     if behind is None or behind[1] in constants or behind[1] == node.output[0]:
         return

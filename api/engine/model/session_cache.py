@@ -1,17 +1,11 @@
 """ONNX Runtime sessions whose optimized graph is kept on disk, so a restart skips optimizing.
 
-Creating a session for a 0.5B fp32 export spends most of its time in graph optimizations
-(constant folding, fusions, layout changes): measured here about 14 s, against about 5 s when the
-already-optimized graph is loaded. The first load writes ONNX Runtime's optimized graph (weights
-included, as external data) under `cache_dir/<key>/` and then serves from it too; later loads
-read it.
-
-The key covers everything the optimized graph depends on: the name, size and mtime of every file
-in the export dir (graph and weights), a tag for the engine's own edit of the graph (so reading
-the graph is skipped on a hit), the ONNX Runtime version, and the CPU (an `ORT_ENABLE_ALL` graph
-may use kernels and layouts of the CPU it was optimized on). A changed model gets a new entry;
-stale entries are left for the operator to delete. A cache that cannot be written only costs the
-speed-up.
+The first load writes ONNX Runtime's optimized graph (weights included, as external data) under
+`cache_dir/<key>/` and serves from it too; later loads read it. The key covers everything the
+optimized graph depends on: the name, size and mtime of every file of the export, a tag for the
+engine's graph edits, the ONNX Runtime version and the CPU. A changed model gets a new entry;
+stale entries are left for the operator; a cache that cannot be written only costs the speed-up.
+Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -84,8 +78,8 @@ def open_session(
         session = _create_and_cache(graph, first, staging, entry)
         del graph  # an edited graph's bytes: as large as its weights
         # A session made from graph bytes keeps ONNX Runtime's copy of the whole model besides
-        # its weights: an int4 Qwen2.5-0.5B-shaped export held 2.0 GB after its first start,
-        # 0.4 GB when opened again from the entry just written (0.7 s more start-up, once).
+        # its weights; reopened from the entry just written it holds the weights alone
+        # (bench/results/2026-11-26-kernel-notes.md).
         fresh = _reopened(entry, options())
         session = fresh if fresh is not None else session
     else:

@@ -8,8 +8,8 @@ on its padding. Position ids are each row's own length, so padding changes no re
 `filter` drops rows (finished or aborted) and trims columns that became padding for every row;
 `concat` joins freshly prefilled rows, padding whichever side is shorter. Both copy, but only when
 the batch changes; a decode step just swaps in the graph's `present` arrays (`advance`), which
-the graph made by concatenating the whole past (the cost `kv_slots.py` removes where the graph's
-attention can be fused). `PaddedBatch` runs prefill and decode calls over such a cache.
+the graph made by concatenating the whole past (the cost `slot_batch.py` removes where the
+graph's attention can be fused). `PaddedBatch` runs prefill and decode calls over such a cache.
 """
 
 from __future__ import annotations

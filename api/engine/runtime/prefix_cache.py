@@ -1,25 +1,15 @@
 """Keys and values of finished conversations, kept so the next turn skips prefilling them.
 
-A chat client sends the whole conversation every turn, so turn k's prompt starts with turn k-1's
-prompt and reply. On a CPU, prefill is the cost a user waits for (a 512-token prompt is 1-3 s
-on 2 cores), so each prompt stores its keys/values once it is complete (requests that arrive
-meanwhile may share its system prompt), each sequence that leaves the batch stores those of every
-position it computed (replacing its prompt's entry), and a new prompt starts from the longest
-stored prefix it shares (llama.cpp's prompt cache and vLLM's automatic prefix caching do the
-same; this one matches whole token prefixes, not blocks). Only the tokens after the match are
-prefilled.
-
-Entries are kept per scope (the API uses the account): a prefix found in another account's
-conversation would make time to first token tell one customer what another one sent. The store
-is bounded in bytes and forgets the least recently used entry first. It is only used from the
-scheduler's thread.
-
-Entries are found through their blocks of `MIN_PREFIX` tokens, each block's hash chained to the
-ones before it (vLLM's block hashes): a lookup or a store costs a dict lookup per block of its
-own tokens, however many entries are kept. Comparing against every entry instead took 18% of
-the engine thread's time serving the demo model, whose small entries fill the budget by the
-thousand. Within the last shared block, the most recent entries sharing every block before it
-are compared token by token, so a match may fall short of the longest by less than a block.
+A chat client sends the whole conversation every turn. Each prompt stores its keys/values once
+complete, each sequence that leaves the batch stores those of every position it computed, and a
+new prompt starts from the longest stored prefix it shares (llama.cpp's prompt cache, vLLM's
+prefix caching); only the tokens after the match are prefilled. Entries are kept per scope (the
+API uses the account), never shared across scopes, bounded in bytes, least recently used out
+first, and used only from the scheduler's thread. They are found through chained hashes of
+their `MIN_PREFIX`-token blocks (vLLM's block hashes), so a lookup or store costs a dict lookup
+per block however many entries are kept; within the last, partial block the most recent
+candidates are compared, so a match may fall short of the longest by less than a block.
+Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations

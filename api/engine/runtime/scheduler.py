@@ -216,8 +216,9 @@ class Scheduler:
         self._prefill_within_budget()
         if self._batch.seqs:
             # Tokens go out before the finished sequences' keys/values are copied into the
-            # prefix cache: 8 streams ending together waited 9 ms for those copies. A next turn
-            # still finds them, since it is admitted by a later step of this thread.
+            # prefix cache, so streams ending together do not wait for the copies
+            # (bench/results/2026-11-26-kernel-notes.md). A next turn still finds them, since it is
+            # admitted by a later step of this thread.
             self._deliver(self._decode())
             self._filter()
 
@@ -265,7 +266,7 @@ class Scheduler:
         Requests that clients send together reach the engine a few ms apart (each places its
         hold first), so the first of a burst is often prefilled alone. Without the second look,
         the rest waited for a decode step of the first, and then finished a step after it: an
-        8-stream burst over HTTP ran one extra decode step at each end (~50 ms of ~1.9 s).
+        extra decode step at each end of a burst (bench/results/2026-11-26-kernel-notes.md).
         The budget still bounds how long running streams wait for their next token."""
         budget = self.limits.max_prefill_tokens
         self._wait_for_expected()
@@ -282,10 +283,10 @@ class Scheduler:
         before prefilling.
 
         Over HTTP a burst's requests reach the engine as their holds commit, a few ms apart
-        (database group commits). Without this, the first was prefilled alone (113 ms of a
-        3 s burst of 8 int4 streams on 2 cores) while the rest waited for that call, where
-        the direct engine prefilled all 8 in one. Running streams never wait for it, and a
-        lone request has nothing to wait for."""
+        (database group commits). Without this, the first was prefilled alone while the rest
+        waited for that call, where the direct engine prefilled all 8 in one
+        (bench/results/2026-11-26-kernel-notes.md). Running streams never wait for it, and a lone
+        request has nothing to wait for."""
         if self._batch.seqs or self._prefilling:
             return
         deadline = time.monotonic() + self.limits.arrival_wait_seconds

@@ -1,25 +1,14 @@
 """The running batch of a fused-attention graph: one preallocated KV buffer, a row per sequence.
 
-After `fused_attention.py` edits the graph, each layer's `past_key`/`present_key` (and value) is
-bound, with ONNX Runtime's I/O binding, to the same numpy buffer `[slots, kv_heads, capacity,
-head_dim]`: attention appends each step's keys in place, so a decode step allocates and copies
-no cache at all. Row r holds one sequence's keys at positions `[0, length)` (right padding; the
-graph's `seqlens_k` input tells attention each row's length).
-
-A graph call covers a contiguous block of rows, so decoding sequences always sit in rows
-`[0, decoding)`, in the order of `seqs`. A prompt being prefilled owns a row above them (prompts
-prefilled together, adjacent rows); when its
-prompt is complete it is swapped down to row `decoding`. A sequence that leaves is replaced by the
-last decoding row. Those moves copy one row's filled part, and only when the batch changes.
-
-Capacity starts small and doubles (up to the model's context) when a row would overflow: memory
-follows the longest sequence, not the context window times the slot count.
-
-The logits are bound too, to one buffer `[slots, 1, vocab]` written in place by every call, when
-the graph returns the last position only (`last_logits.py`): otherwise ONNX Runtime allocates
-them anew each call, and `IOBinding.get_outputs` wraps all 49 outputs of a 24-layer graph in
-Python objects to hand back the one wanted: ~140 us right after a run, 1.4% of a one-stream int4
-decode step (py-spy put 3.3% of the engine thread's samples there).
+Each layer's `past_key`/`present_key` (and value) is bound, with ONNX Runtime's I/O binding, to
+one numpy buffer `[slots, kv_heads, capacity, head_dim]`: attention appends in place, so a
+decode step copies no cache. Row r holds one sequence's keys at `[0, length)` (right padding;
+`seqlens_k` gives each row's length). Decoding sequences sit in rows `[0, decoding)` in the
+order of `seqs`; a prompt being prefilled owns a row above them and is swapped down when
+complete; a leaving sequence is replaced by the last decoding row; such moves copy one row, and
+only when the batch changes. Capacity doubles (up to the context) when a row would overflow.
+Where the graph returns the last position only, the logits are bound too, to one buffer
+written in place by every call. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -223,7 +212,8 @@ class SlotBatch:
     def _cache_binding(self, first_row: int, rows: int) -> ort.IOBinding:
         """A binding of rows `[first_row, first_row + rows)` of every cache buffer as both past
         and present. Kept while the rows and buffers stay the same (every decode step of a
-        steady batch): binding 48 buffers anew cost about 1 ms a step on 24 layers."""
+        steady batch), since binding every buffer anew costs time each step
+        (bench/results/2026-11-26-kernel-notes.md)."""
         key = (first_row, rows, self.capacity)
         if self._binding is not None and self._binding[0] == key:
             return self._binding[1]

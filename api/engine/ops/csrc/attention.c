@@ -7,12 +7,11 @@
  * So prompts of different lengths are prefilled in one call, each row's last token last (the
  * engine's graph returns only the last position's logits).
  *
- * Why: ONNX Runtime's CPU kernel runs two SGEMM calls per sequence and query head (224 a layer
- * for 8 sequences of Qwen2.5-0.5B's shape, 14 heads), each a few thousand multiplies; on 2 cores
- * a step's attention took 0.8 ms for one sequence and 4.0 ms for 8. Here the query heads that
- * share a KV head are one tile of 8 lanes (a lane per query row), so each cached key and value
- * is read once for all of them, and the softmax is online over blocks of keys (flash attention's
- * order), so no score matrix is stored.
+ * Why: ONNX Runtime's CPU kernel runs two SGEMM calls per sequence and query head, each a few
+ * thousand multiplies. Here the query heads that share a KV head are one tile of 8 lanes (a lane
+ * per query row), so each cached key and value is read once for all of them, and the softmax is
+ * online over blocks of keys (flash attention's order), so no score matrix is stored. Figures:
+ * bench/results/2026-11-26-kernel-notes.md.
  *
  * Inputs (GroupQueryAttention's order):
  *   0 query       [B, S, H * D], or q, k, v packed as [B, S, (H + 2 KV) * D] with 1 and 2 absent
@@ -28,12 +27,10 @@
  * Supported: float32, D a multiple of 8 up to 256 (even with rotary), H a multiple of KV.
  * CachedAttentionHalfCache is the same op over float16 past and present (ENGINE_KV_CACHE_DTYPE):
  * new keys and values are rounded to float16 as they are stored and widened as they are read,
- * so a long context's step reads half the bytes (int4, Zen 4, bench/context.py: 8 sequences at
- * 2,000 tokens 43.7 -> 32.7 ms a step); the arithmetic stays float32.
+ * so a long context's step reads half the bytes; the arithmetic stays float32.
  *
  * AVX2 + FMA (and F16C, which every AVX2 CPU has) only, so one build serves every CPU the
- * library runs on: attention is a small part of a step once its calls are few (0.5 ms of an
- * 11 ms int4 step for one sequence, 1.3 of 17 for 8, at 64 tokens of context), and a 16-lane
+ * library runs on: attention is a small part of a step once its calls are few, and a 16-lane
  * tile would leave more lanes idle (7 query heads share a KV head on Qwen2.5-0.5B's shape).
  */
 #include <immintrin.h>

@@ -3,10 +3,9 @@
  * 8 columns. Int8MatMul: the same kernel over 8-bit weights, for the int8 projections of ONNX
  * Runtime's dynamic quantization (an int4 export's LM head among them; `graph/int8_matmul.py`).
  *
- * Why: ORT's kernel costs nearly a full row's time for every extra row (896 x 9728, block 128,
- * 2 threads: 92 us for 1 row and 432 for 8 on an AVX-512 VNNI AMD EPYC; 324 and 1096 us on an
- * AVX2 one), so a decode step of 8 streams took 2.2x the step of one. Here a row costs the
- * integer multiplies of its activations against weights already unpacked into registers.
+ * Why: ONNX Runtime's kernel costs nearly a full row's time for every extra row of a batch;
+ * here a row costs the integer multiplies of its activations against weights already unpacked
+ * into registers. Figures: bench/results/2026-11-26-kernel-notes.md.
  *
  * Attributes are MatMulNBits' own (K, N, block_size, bits) and so is the data, rearranged by
  * the engine's graph edit (`graph/int4_matmul.py`, into nodes that ONNX Runtime folds at load):
@@ -172,11 +171,9 @@ static void quantize_row(void *data, size_t row) {
 #define TILE_TARGET "avx2,fma"
 #define TILE(name) name##_avx2
 #define TILE_VNNI 0
-/* 4 rows x 2 panels: each group unpacked once for 4 rows. Against 2 x 2, on a 2-core AVX2-only
- * host (AMD EPYC, Zen 3; engine int4 step, 15 interleaved segments, two runs): 8 rows 43.60 ->
- * 39.64 and 46.52 -> 41.16 ms, 1 row the same (its tile is 1 x TILE_PANELS_ONE_ROW). 6 or 8
- * rows were slower: the 16 ymm registers spill. Its int4 tiles keep int16 sums over 4 groups
- * (TILE(tile_int16)). */
+/* 4 rows x 2 panels: each group unpacked once for 4 rows; 6 or 8 rows spill the 16 ymm
+ * registers. Its int4 tiles keep int16 sums over 4 groups (TILE(tile_int16)). Figures:
+ * bench/results/2026-11-26-kernel-notes.md. */
 #define TILE_ROWS 4
 #define TILE_PANELS 2
 #define TILE_PANELS_ONE_ROW 4
@@ -195,21 +192,18 @@ static void quantize_row(void *data, size_t row) {
 #define TILE(name) name##_vnni
 #define TILE_VNNI 1
 /* 8 rows: a batch of 8 decoding streams in one pass over the weights, each group unpacked once
- * for all 8. Against 4 x 2 (engine int4 step, 15 interleaved segments): 8 rows 20.60 -> 19.62
- * ms, 4 rows the same; per projection, 8 and 28 rows 0-19% faster but for down at 8 rows, 64
- * rows +-10% (noise here). Panels go in pairs, one 512-bit vector each (TILE(tile_pairs)): 8 rows
- * 18.73 -> 17.54 ms, 1 row 12.09 -> 11.81 (7 segments). 8 x 4 panels was slower (17.82 -> 18.41)
- * until its tile was written out row by row (TILE(tile8)): then 17.62 -> 16.78 against 8 x 2
- * (5 segments), and a 224-row prefill's projections 11-15% faster. */
+ * for all 8. Panels go in pairs, one 512-bit vector each (TILE(tile_pairs)); 8 rows x 4 panels
+ * pay only written out row by row (TILE(tile8)). Figures:
+ * bench/results/2026-11-26-kernel-notes.md. */
 #define TILE_ROWS 8
 #define TILE_PANELS 4
 #define TILE_PANELS_ONE_ROW 4
 #define TILE_PANELS_MAX 4
 #include "matmul_tile.h"
 
-/* Fewer rows stay on VNNI: per projection (2 threads, weights in cache), AMX against VNNI at 2
- * rows 111 / 87 us (896 x 9728), 58 / 47 (4864 x 896); about even at 4; at 6 rows 113 / 125
- * and 64 / 74; at 8, 121 / 152 and 73 / 83. A build may set it (-D) to time one path alone. */
+/* Fewer rows stay on VNNI, where AMX's tile stores cost more than its multiplies save (about
+ * even at 4 rows; figures: bench/results/2026-11-26-kernel-notes.md). A build may set it (-D) to
+ * time one path alone. */
 #ifndef AMX_MIN_ROWS
 #define AMX_MIN_ROWS 5
 #endif
@@ -301,10 +295,9 @@ static void give_back(const void *data, size_t bytes) {
 
 /* B, when the graph holds it as a constant of 2 MB or more, copied onto 2 MB pages. ONNX
  * Runtime maps the weights from the model file in 4 KB pages, and streaming them costs a TLB
- * miss every 4 KB and stops the hardware prefetchers at each page's end: on a Zen 4 host the
- * engine's int4 step took 11.96 -> 11.46 ms (1 sequence) and 16.17 -> 15.51 ms (8) with the
- * copies (bench/context.py, 11 interleaved segments). The constant's own pages are handed back
- * (give_back), so memory does not double. */
+ * miss every 4 KB and stops the hardware prefetchers at each page's end. The constant's own
+ * pages are handed back (give_back), so memory does not double. Figures:
+ * bench/results/2026-11-26-kernel-notes.md. */
 static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
   k->weights = NULL;
   k->mapping = NULL;

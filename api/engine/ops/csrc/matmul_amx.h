@@ -3,13 +3,11 @@
  * copy of matmul_tile.h, whose helpers it uses (pair_of, store_pairs) and to which it hands what
  * it does not cover: strips of fewer than 4 panels and batches of fewer than AMX_MIN_ROWS rows.
  *
- * Why: at 8 rows the VNNI kernel issues 8 vpdpbusd per 64 weight bytes and ran at about half
- * their peak, so a decode step of 8 streams took 1.5x the step of one although both stream the
- * same weights. A tile instruction does up to 16 x 16 x 64 multiply-adds: the weights are
- * unpacked once into a tile's layout (stored, where VNNI keeps them in registers), and a chunk
- * of 64 weights x 32 columns costs 3 tile loads and 2 multiplies for up to 16 rows. Per
- * projection (2 threads, weights in cache), 896 x 9728 at 8 rows 152 -> 121 us, at 16 rows 262
- * -> 164, at 64 rows 988 -> 529; engine int4 step at 8 sequences 16.90 -> 15.99 ms.
+ * Why: at 8 rows the VNNI kernel issues 8 vpdpbusd per 64 weight bytes and runs well below their
+ * peak. A tile instruction does up to 16 x 16 x 64 multiply-adds: the weights are unpacked once
+ * into a tile's layout (stored, where VNNI keeps them in registers), and a chunk of 64 weights x
+ * 32 columns costs 3 tile loads and 2 multiplies for up to 16 rows. Figures:
+ * bench/results/2026-11-26-kernel-notes.md.
  *
  * Layout: the tiles' K order is the activations' (each group of 8 as 4 even-indexed, then 4
  * odd), so the activation tile loads straight from QuantizedRows (stride: the block). A weight
@@ -164,8 +162,8 @@ AMX_INLINE void amx_block(const MatMulTask *t, const AmxWeights *w, int64_t blk,
 
 /* Y for rows [row0, row0 + rows) (at most AMX_ROWS) and the strip's 4 panels from panel p, as
  * TILE(tile). A block's sums are scaled a block later, while the next block multiplies: read
- * back at once, the vector loads waited for the tile stores (8 rows, 896 x 9728: 143 us; 113
- * without the scaling at all; scaled a block later, with the tile shapes read back, 121). */
+ * back at once, the vector loads waited for the tile stores
+ * (bench/results/2026-11-26-kernel-notes.md). */
 AMX_INLINE void amx_rows(const MatMulTask *t, const AmxWeights *w, int64_t p, int64_t row0,
                          int rows, const int groups, const int bits) {
   const int64_t blocks = t->rows->blocks;

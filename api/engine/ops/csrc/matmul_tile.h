@@ -158,8 +158,7 @@ TILE_INLINE void TILE(unpack_pair)(const uint8_t *group, int64_t panel, const in
 
 /* sums += w times the 4 activations at `a` broadcast to every lane, the broadcast folded into
  * the multiply's memory operand ({1to16}); from intrinsics GCC loads each broadcast into a
- * register of its own first. A 224-row prefill of the int4 graph (8 prompts of 28 tokens) took
- * 275.9 -> 268.4 and 251.9 -> 243.8 ms in two interleaved runs (12 calls each, Zen 4). */
+ * register of its own first. Figures: bench/results/2026-11-26-kernel-notes.md. */
 TILE_INLINE __m512i TILE(dpbusd_bcast)(__m512i sums, __m512i w, const int8_t *a) {
   __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(sums) : "v"(w), "m"(*(const int32_t *)a));
   return sums;
@@ -167,8 +166,8 @@ TILE_INLINE __m512i TILE(dpbusd_bcast)(__m512i sums, __m512i w, const int8_t *a)
 
 /* TILE(tile_pairs) for its hottest case, 8 rows of two pairs of panels (the rows of a prefill,
  * and 8 decoding streams), written out row by row so that GCC keeps the 16 sums in registers:
- * with the general tile's arrays it shuffled them between registers and the stack. Per call,
- * 896 x 9728 int4 at 224 rows 4153 -> 3538 us, at 8 rows 185 -> 166 (2 threads). */
+ * with the general tile's arrays it shuffled them between registers and the stack. Figures:
+ * bench/results/2026-11-26-kernel-notes.md. */
 TILE_INLINE void TILE(tile8)(const MatMulTask *t, int64_t row0, const int groups, const int bits,
                              const uint8_t *b, const float *bscale, const float *bias,
                              float *y) {
@@ -197,8 +196,8 @@ TILE_INLINE void TILE(tile8)(const MatMulTask *t, int64_t row0, const int groups
   {                                                                                     \
     const uint8_t *w = bb + 8 * bits * (g);                                             \
     __m512i lo0, hi0, lo1, hi1;                                                         \
-    if (bits == 4) { /* both loads first: through TILE(unpack_pair), 896 x 9728 at 8    \
-                        rows took 5% longer (gate+up 170.0 -> 183.7 us, 11 segments) */  \
+    if (bits == 4) { /* both loads first: through TILE(unpack_pair) it was slower       \
+                        (kernel notes) */                                               \
       const __m512i low = _mm512_set1_epi8(0x0F);                                       \
       __m512i packed0 = TILE(pair_of)(w, w + panel);                                    \
       __m512i packed1 = TILE(pair_of)(w + 2 * panel, w + 3 * panel);                    \
@@ -306,15 +305,9 @@ TILE_INLINE void TILE(tile_pairs)(const MatMulTask *t, int64_t row0, const int r
  * the two pipes that run them. Its 8 int16 sums, the group's 4 weight vectors and one row's 2
  * broadcasts fill the 16 registers (1 x 4: 4 sums, 8 vectors); the int32 sums, touched once
  * every 4 groups, live on the stack. The empty asm pins the sums in their registers: without it
- * GCC reassociated 4 groups' adds into a tree, computed all 32 products first and spilled them
- * (8 sequences 33.30 -> 35.48 ms, slower than before). With it, on a 2-core Zen 3 (AVX2 only),
- * a 4 x 2 version of this function, engine int4 step, 11 interleaved segments, two runs: 8
- * sequences 38.19 -> 31.43 and 29.65 -> 26.58 ms, 1 sequence within noise; per call (2 threads),
- * 896 x 9728 gate+up at 8 rows 474 -> 359 us, at 224 rows 11.8 -> 10.1 ms. Made general (this
- * one, the groups unrolled: without it 8 rows took 13% longer), per call against that version:
- * gate+up at 1 row 156 -> 115 us, 3 rows 198 -> 168, 8 rows 356 / 361 and 534 / 452 (the host
- * drifting); the engine's step at 1 and 8 sequences within noise (13.27 / 13.45, 26.96 /
- * 25.66 ms). */
+ * GCC reassociated 4 groups' adds into a tree, computed all 32 products first and spilled them.
+ * Its groups are unrolled (slower otherwise). Figures:
+ * bench/results/2026-11-26-kernel-notes.md. */
 TILE_INLINE void TILE(tile_int16)(const MatMulTask *t, int64_t row0, const int rows,
                                   const int panels, const int groups, const uint8_t *b,
                                   const float *bscale, const float *bias, float *y) {
@@ -405,11 +398,8 @@ TILE_INLINE void TILE(tile)(const MatMulTask *t, int64_t row0, const int rows, c
     const uint8_t *bb = b + blk * block * bits;  /* a group: 8 weights x 8 columns x bits / 8 */
     for (int g = 0; g < groups; g++) {
       /* Ask for the next tile's panels (same offset, a tile further on) into L2 while these
-       * multiply, a line at a time: without it a tile's loads from memory and its multiplies
-       * took turns, and a batch's later row tiles (all multiplies, on cached weights) left
-       * memory idle. Measured on the engine's int4 step (AVX-512 VNNI host, 11 interleaved
-       * segments): 1 row 13.66 -> 12.47 ms, 8 rows 25.96 -> 21.80 ms. Prefetching 2 KB ahead
-       * in each panel's own stream instead gained nothing (13.66 -> 14.37, 25.96 -> 25.45). */
+       * multiply, a line at a time, so that a tile's loads from memory and its multiplies
+       * overlap instead of taking turns. Figures: bench/results/2026-11-26-kernel-notes.md. */
       if (bits == 8 || (g & 1) == 0)  /* a line of 64 bytes at a time */
         for (int c = 0; c < panels; c++)
           _mm_prefetch((const char *)(bb + (c + panels) * t->panel_bytes + 8 * bits * g),
