@@ -181,13 +181,10 @@ def session_options(threads: int | None, ops_library: Path | None = None) -> ort
     if threads:
         options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    # Pool threads spin between the ops of a run (a sleeping thread takes tens of us to
-    # wake, and a decode step is ~340 small ops) but stop when the run ends, leaving the
-    # cores to the scheduler's Python and the event loop. Measured on 2 cores against not
-    # spinning at all (interleaved rounds, medians): int4 one stream 40.1 -> 46.7 tok/s,
-    # 8 streams 95 -> 111, int8 one stream 31.8 -> 40.3; through the engine's own thread
-    # and event loop, int4 one stream +12%, 8 streams +12%, 512-token TTFT -10%.
-    # Spinning after runs too had cost one stream 27.5 -> 32.9 tok/s.
+    # Pool threads spin between the ops of a run (a decode step is hundreds of small ops and
+    # a sleeping thread is slow to wake) but stop when the run ends, leaving the cores to the
+    # scheduler's Python and the event loop: faster both ways, measured in
+    # bench/results/2026-11-26-kernel-notes.md.
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
