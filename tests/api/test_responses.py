@@ -9,6 +9,7 @@ decoding making it valid.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,8 +21,12 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Engine, update
 from sqlmodel import Session, col, func, select
 
+from api.engine.errors import EngineDead
+from api.engine.protocol import GenerationOutput, GenerationRequest
 from billing import keys
-from billing.models import LedgerEntry, StoredResponse
+from billing.models import Hold, LedgerEntry, StoredResponse
+from tests.api.conftest import DEMO_MODEL
+from tests.faults import DelegatingEngine, demo_engine
 
 WEATHER_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -45,6 +50,27 @@ class Verdict(BaseModel):
     score: int = Field(ge=1, le=10)
     approved: bool
     note: str = Field(max_length=20)
+
+
+class BreakingEngine(DelegatingEngine):
+    """Streams `outputs` outputs of each request, then fails as a dead engine does."""
+
+    def __init__(self, inner: Any, outputs: int) -> None:
+        super().__init__(inner)
+        self.outputs = outputs
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        return self._breaking(self.inner.generate(request))
+
+    async def _breaking(
+        self, stream: AsyncIterator[GenerationOutput]
+    ) -> AsyncIterator[GenerationOutput]:
+        try:
+            for _ in range(self.outputs):
+                yield await anext(stream)
+            raise EngineDead("injected: the scheduler stopped")
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
 
 
 def billed(engine: Engine, key: str) -> tuple[int, int]:
@@ -331,3 +357,35 @@ def test_input_items_of_unknown_types_are_refused_by_place(client: openai.OpenAI
         )
 
     assert refused.value.body["param"] == "input[1].content[0]"
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event_and_bills_what_it_sent(
+    start_server, make_client, make_funded_key, engine: Engine
+) -> None:
+    server = start_server(engines={"demo": BreakingEngine(demo_engine(str(DEMO_MODEL)), 4)})
+    key = make_funded_key()
+
+    stream = make_client(server, key).responses.create(
+        model="demo", input="Go.", max_output_tokens=32, stream=True
+    )
+    events = list(stream)
+
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert "not available" in events[-2].message
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.usage is not None and failed.usage.output_tokens == 4
+    assert billed(engine, key) == (1, failed.usage.total_tokens)
+    with Session(engine) as session:
+        assert session.exec(select(Hold).where(col(Hold.state) == "held")).all() == []
+
+
+def test_a_stream_refused_before_it_starts_gets_its_http_status(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model="demo", input="x", stream=True, tools=[{"type": "file_search"}]
+        )
+
+    assert refused.value.body["param"] == "tools[0].type"
