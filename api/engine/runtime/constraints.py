@@ -11,6 +11,7 @@ untouched, so their tokens are exactly what they would be without any constraint
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -24,6 +25,10 @@ from api.engine.errors import InvalidGrammar
 from api.engine.protocol import Constraint
 
 COMPILED_GRAMMARS = 256  # distinct grammars kept compiled per model (least recently used go)
+# llguidance's thread pool fills rows in parallel where there are cores to spare; on a few cores
+# handing rows to it cost more than it saved, so they are filled in this thread, one by one
+# (bench/results/2026-11-26-constrained-epyc.md).
+PARALLEL_FILL_MIN_CPUS = 8
 
 
 class Grammars:
@@ -77,6 +82,8 @@ class Grammars:
 
 
 _executor: llguidance.LLExecutor | None = None
+_CPUS = os.cpu_count() or 1  # read once: in a container each call reads cgroup files
+_MASK_TERMS = np.array([-np.inf, 0.0], dtype=np.float32)  # by bit: disallowed, allowed
 
 
 def executor() -> llguidance.LLExecutor:
@@ -103,16 +110,27 @@ def fill_masks(
     if not rows:
         return None
     mask = allocate_token_bitmask(len(matchers), vocab_size)
-    fill_next_token_bitmask_par(executor, rows, mask)
+    if len(rows) > 1 and _CPUS >= PARALLEL_FILL_MIN_CPUS:
+        fill_next_token_bitmask_par(executor, rows, mask)
+    else:  # `fill_next_token_bitmask` without its per-call checks (a third of the cost)
+        row_bytes = mask.shape[1] * mask.itemsize
+        base = mask.ctypes.data
+        for matcher, row in rows:
+            matcher.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
     return mask
 
 
 def apply_masks(logits: np.ndarray, mask: np.ndarray, rows: Sequence[int]) -> None:
     """Set to -inf, in place, the logits of `rows` whose token is not allowed by `mask`."""
     vocab = logits.shape[1]
-    for row in rows:
-        allowed = np.unpackbits(mask[row].view(np.uint8), bitorder="little")[:vocab]
-        logits[row, allowed == 0] = -np.inf
-        width = allowed.shape[0]
-        if width < vocab:  # logits wider than the tokenizer: padding ids are never allowed
-            logits[row, width:] = -np.inf
+    rows = list(rows)
+    whole = len(rows) == logits.shape[0]  # every row: no gather and scatter
+    bits = np.unpackbits((mask if whole else mask[rows]).view(np.uint8), axis=1, bitorder="little")
+    width = min(bits.shape[1], vocab)
+    # adding 0 or -inf looked up by bit: a few times faster than putmask or boolean indexing
+    if whole:
+        logits[:, :width] += _MASK_TERMS[bits[:, :width]]
+    else:
+        logits[rows, :width] += _MASK_TERMS[bits[:, :width]]
+    if width < vocab:  # logits wider than the masks: ids past the tokenizer are never allowed
+        logits[rows, width:] = -np.inf
