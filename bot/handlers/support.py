@@ -22,7 +22,7 @@ from billing.models import Account, Purchase, StrayCharge, utcnow
 from billing.purchases import recent_purchases
 from bot import keyboards
 from bot.runtime import account_of, lang, runtime
-from bot.texts import LANGUAGES, Html, language_for, lines, number, plain, t, when
+from bot.texts import LANGUAGES, Html, Lang, language_for, lines, number, plain, t, when
 
 logger = logging.getLogger(__name__)
 
@@ -33,15 +33,28 @@ REFUND_BUTTONS = 3  # refund requests offered for the newest charges
 async def show_help(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
     assert update.effective_message is not None
     language = lang(update, context)
-    await update.effective_message.reply_text(
-        t(language, "help"), reply_markup=keyboards.main_menu(language)
-    )
+    text = lines([t(language, "help"), Html(""), prices(language, context)])
+    await update.effective_message.reply_text(text, reply_markup=keyboards.main_menu(language))
 
 
 async def show_terms(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
     assert update.effective_message is not None
+    language = lang(update, context)
     days = runtime(context).settings.refund_window_days
-    await update.effective_message.reply_text(t(lang(update, context), "terms", days=days))
+    text = lines([t(language, "terms", days=days), Html(""), prices(language, context)])
+    await update.effective_message.reply_text(text)
+
+
+def prices(language: Lang, context: ContextTypes.DEFAULT_TYPE) -> Html:
+    """Each priced model's price, read from MODELS_FILE and MODEL_PRICES as the API reads them."""
+    table = runtime(context).settings.prices()
+    if not table:
+        return t(language, "prices_flat")
+    rows = [
+        t(language, "price_line", model=name, price=price.describe())
+        for name, price in table.items()
+    ]
+    return lines([t(language, "prices"), *rows])
 
 
 async def show_privacy(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:

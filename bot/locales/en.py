@@ -370,4 +370,8 @@ TEXTS: dict[str, str] = {
         "↩️ Refunded under the terms' rule: charge <code>{charge_id}</code> of user "
         "{telegram_id}, {price} ⭐, {tokens} tokens removed."
     ),
+    # Model prices, under /help and /terms: from the settings the API bills with.
+    "prices": "<b>Prices</b> (balance tokens per token, prompt / completion where they differ)",
+    "price_line": "• <code>{model}</code>: {price}",
+    "prices_flat": "<b>Prices</b>: every model costs 1 balance token per token.",
 }

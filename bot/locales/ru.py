@@ -368,4 +368,8 @@ TEXTS: dict[str, str] = {
         "↩️ Возвращено по правилу условий: платёж <code>{charge_id}</code> "
         "пользователя {telegram_id}, {price} ⭐, списано {tokens} токенов."
     ),
+    # Model prices, under /help and /terms: from the settings the API bills with.
+    "prices": "<b>Цены</b> (токенов баланса за токен; запрос / ответ, где они разные)",
+    "price_line": "• <code>{model}</code>: {price}",
+    "prices_flat": "<b>Цены</b>: любая модель стоит 1 токен баланса за токен.",
 }
