@@ -18,7 +18,7 @@ from anyio import to_thread
 from sqlalchemy import Engine, text
 from sqlmodel import Session
 
-from billing import idempotency, keys, leases, ledger
+from billing import idempotency, keys, leases, ledger, stats
 from billing.db import reading, session_scope
 from billing.errors import InvalidKey
 from billing.group_commit import GroupCommit
@@ -27,6 +27,7 @@ from billing.keys import KeyIdentity
 from billing.leases import SweepReport
 from billing.ledger import Balance
 from billing.models import Hold
+from billing.stats import KeyUsage
 
 T = TypeVar("T")
 
@@ -82,7 +83,14 @@ class Books:
         return identity
 
     async def hold(
-        self, *, account_id: int, request_id: str, min_cost: int, max_cost: int, model: str
+        self,
+        *,
+        account_id: int,
+        request_id: str,
+        min_cost: int,
+        max_cost: int,
+        model: str,
+        key_id: int | None = None,
     ) -> Hold:
         return await self._run(
             lambda s: ledger.hold(
@@ -95,6 +103,7 @@ class Books:
                 model=model,
                 limit=self.max_concurrent_per_key,
                 owner=self.owner,
+                key_id=key_id,
             ),
             accounts=(account_id,),
         )
@@ -171,6 +180,10 @@ class Books:
     def _in_transaction(self, work: Callable[[Session], T]) -> T:
         with session_scope(self.db) as session:
             return work(session)
+
+    async def key_usage(self, key_id: int) -> tuple[str, KeyUsage]:
+        """A key's name, and the requests made and tokens billed with it."""
+        return await self._run(lambda s: stats.key_usage(session=s, key_id=key_id), write=False)
 
     async def balance(self, account_id: int) -> Balance:
         return await self._run(

@@ -27,6 +27,7 @@ class Caller:
 
     account_id: int
     key: str
+    key_id: int | None = None  # the key's row: its usage is this key's
 
 
 async def get_services(request: Request) -> Services:
@@ -61,7 +62,7 @@ async def require_key(
         raise missing_key()
     key = credentials.credentials.strip()
     identity = await books.authenticate(key)
-    return Caller(account_id=identity.account_id, key=key)
+    return Caller(account_id=identity.account_id, key=key, key_id=identity.key_id)
 
 
 KeyDep = Annotated[Caller, Depends(require_key)]

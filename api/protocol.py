@@ -257,6 +257,10 @@ class KeyInfo(BaseModel):
     granted_tokens: int
     used_tokens: int
     refunded_tokens: int
+    # the calling key's own figures (the ones above are the account's, all keys together)
+    key_name: str | None = None
+    key_requests: int = 0
+    key_used_tokens: int = 0
 
 
 class ErrorBody(BaseModel):

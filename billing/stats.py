@@ -145,6 +145,22 @@ def usage_by_key(*, session: Session, account_id: int) -> dict[int | None, KeyUs
     return {key_id: KeyUsage(int(n), int(t)) for key_id, n, t in rows}
 
 
+def key_usage(*, session: Session, key_id: int) -> tuple[str, KeyUsage]:
+    """One key's name, and the requests made and tokens billed with it."""
+    name = session.execute(select(col(ApiKey.name)).where(col(ApiKey.id) == key_id)).scalar_one()
+    requests, charged = session.execute(
+        select(func.count(), func.coalesce(func.sum(-col(LedgerEntry.amount)), 0))
+        .select_from(LedgerEntry)
+        .join(Hold, col(Hold.id) == LedgerEntry.request_id)
+        .where(
+            col(Hold.key_id) == key_id,
+            col(LedgerEntry.kind) == "usage",
+            col(LedgerEntry.amount) != 0,
+        )
+    ).one()
+    return str(name), KeyUsage(int(requests), int(charged))
+
+
 CSV_LIMIT = 100_000
 
 

@@ -27,7 +27,7 @@ async def create_chat_completion(
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
     if body.stream:
-        prepared = await chat.prepare(body, caller.account_id)
+        prepared = await chat.prepare(body, caller.account_id, caller.key_id)
         events = await chat.start_stream(prepared)
         return StreamingResponse(
             events,
@@ -36,8 +36,10 @@ async def create_chat_completion(
             background=BackgroundTask(chat.close, prepared),  # if the stream never ran
         )
     if idempotency_key:
-        status, content = await chat.complete_once(body, caller.account_id, idempotency_key)
+        status, content = await chat.complete_once(
+            body, caller.account_id, idempotency_key, caller.key_id
+        )
         return Response(content, status_code=status, media_type="application/json")
-    prepared = await chat.prepare(body, caller.account_id)
+    prepared = await chat.prepare(body, caller.account_id, caller.key_id)
     completion = await chat.complete(prepared)
     return JSONResponse(completion.model_dump(mode="json"))

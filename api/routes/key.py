@@ -1,4 +1,5 @@
-"""`GET /v1/key`: what the caller's key has left, so a client can check without Telegram."""
+"""`GET /v1/key`: what the caller's account has left, and what the calling key itself has used,
+so a client can check without Telegram."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ router = APIRouter(prefix="/v1", tags=["key"])
 @router.get("/key", response_model=KeyInfo)
 async def key_info(caller: KeyDep, books: BooksDep) -> KeyInfo:
     balance = await books.balance(caller.account_id)
+    name, usage = await books.key_usage(caller.key_id) if caller.key_id else (None, None)
     return KeyInfo(
         key=mask_key(caller.key),
         available_tokens=balance.available,
@@ -22,4 +24,7 @@ async def key_info(caller: KeyDep, books: BooksDep) -> KeyInfo:
         granted_tokens=balance.granted,
         used_tokens=balance.used,
         refunded_tokens=balance.refunded,
+        key_name=name,
+        key_requests=usage.requests if usage else 0,
+        key_used_tokens=usage.charged if usage else 0,
     )

@@ -138,8 +138,11 @@ class ChatService:
         self.prices = settings.prices()
         self._settling: set[asyncio.Task[None]] = set()
 
-    async def prepare(self, request: ChatCompletionRequest, account_id: int) -> PreparedChat:
-        """Validate, tokenize and hold; raises an error the client gets as an HTTP status."""
+    async def prepare(
+        self, request: ChatCompletionRequest, account_id: int, key_id: int | None = None
+    ) -> PreparedChat:
+        """Validate, tokenize and hold; raises an error the client gets as an HTTP status.
+        `key_id` is the key that asked: its usage is that key's."""
         engine = self.engines.get(request.model)
         if engine is None:
             raise model_not_found(request.model)
@@ -147,7 +150,7 @@ class ChatService:
         # so a burst sent together is prefilled together (`Scheduler._wait_for_expected`).
         arrived = engine.expect()
         try:
-            prepared = await self._prepare(engine, request, account_id)
+            prepared = await self._prepare(engine, request, account_id, key_id)
         except BaseException:
             arrived()
             raise
@@ -155,7 +158,11 @@ class ChatService:
         return prepared
 
     async def _prepare(
-        self, engine: EngineClient, request: ChatCompletionRequest, account_id: int
+        self,
+        engine: EngineClient,
+        request: ChatCompletionRequest,
+        account_id: int,
+        key_id: int | None,
     ) -> PreparedChat:
         requests.refuse_unsupported(
             request, max_n=self.settings.max_n, max_messages=self.settings.max_messages
@@ -180,6 +187,7 @@ class ChatService:
         # the key's limit of requests in flight is enforced by the hold's own statement
         hold = await self.books.hold(
             account_id=account_id,
+            key_id=key_id,
             request_id=chat_id,
             min_cost=price.cost(prompt, n),
             max_cost=price.cost(prompt, n * max_new),
@@ -311,7 +319,7 @@ class ChatService:
         return events
 
     async def complete_once(
-        self, request: ChatCompletionRequest, account_id: int, key: str
+        self, request: ChatCompletionRequest, account_id: int, key: str, key_id: int | None = None
     ) -> tuple[int, str]:
         """A non-streaming completion under an Idempotency-Key: replayed, never billed twice."""
         digest = body_hash(request.model_dump_json().encode())
@@ -319,7 +327,7 @@ class ChatService:
         if stored is not None:
             return stored.status_code, stored.body
         try:
-            completion = await self.complete(await self.prepare(request, account_id))
+            completion = await self.complete(await self.prepare(request, account_id, key_id))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.books.give_up_idempotency(account_id, key)
