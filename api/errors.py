@@ -21,7 +21,7 @@ from api.engine.errors import (
     EngineDead,
     EngineError,
     EngineOverloaded,
-    InvalidGrammar,
+    InvalidParameter,
     ToolsUnsupported,
     UpstreamFailed,
     UpstreamRejected,
@@ -165,7 +165,7 @@ def from_domain(exc: Exception) -> OpenAIError:
         return invalid_request(str(exc), "messages", "invalid_messages")
     if isinstance(exc, ContextLengthExceeded):
         return invalid_request(str(exc), "messages", "context_length_exceeded")
-    if isinstance(exc, InvalidGrammar):  # a schema llguidance cannot enforce
+    if isinstance(exc, InvalidParameter):  # e.g. a schema llguidance cannot enforce
         return invalid_request(str(exc), exc.param, "invalid_value")
     if isinstance(exc, ToolsUnsupported):
         return unsupported_parameter("tools", f"is not supported by this model: {exc}.")

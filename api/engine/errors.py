@@ -4,7 +4,8 @@ EngineError
 ├── ModelLoadError          an export dir is missing a file or has an unusable graph
 ├── ContextLengthExceeded   the prompt alone does not fit the model's context window
 ├── EngineOverloaded        the queue of waiting requests is full
-├── InvalidGrammar          llguidance cannot compile a request's schema or grammar
+├── InvalidParameter        a request parameter the model cannot take (a token past its vocab)
+│   └── InvalidGrammar      llguidance cannot compile a request's schema or grammar
 ├── ToolsUnsupported        the model's chat template cannot show tools
 ├── EngineDead              the scheduler thread has stopped
 ├── UpstreamUnavailable     no upstream server of the model answered before the first token
@@ -37,13 +38,21 @@ class EngineOverloaded(EngineError):
     """Raised when `max_queued` requests are already waiting."""
 
 
-class InvalidGrammar(EngineError):
+class InvalidParameter(EngineError):
+    """Raised when a request parameter does not fit the model (`logit_bias` naming a token id
+    past its vocabulary); `param` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class InvalidGrammar(InvalidParameter):
     """Raised when llguidance cannot compile a request's constraint; `param` names the request
     parameter it came from (`response_format`, `tools[0].function.parameters`, ...)."""
 
     def __init__(self, param: str, reason: str) -> None:
-        super().__init__(f"'{param}' cannot be enforced: {reason}")
-        self.param = param
+        super().__init__(param, f"'{param}' cannot be enforced: {reason}")
 
 
 class ToolsUnsupported(EngineError):

@@ -15,7 +15,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from api.engine.errors import ContextLengthExceeded, EngineDead, ModelLoadError, ToolsUnsupported
+from api.engine.errors import (
+    ContextLengthExceeded,
+    EngineDead,
+    InvalidParameter,
+    ModelLoadError,
+    ToolsUnsupported,
+)
 from api.engine.model.causal_lm import OnnxCausalLM, read_json
 from api.engine.model.serving_path import log_path
 from api.engine.protocol import (
@@ -186,6 +192,13 @@ class LocalEngine(EngineClient):
             raise ValueError("max_tokens must be at least 1")
         if prompt_tokens >= self.context_length:
             raise ContextLengthExceeded(prompt_tokens, self.context_length)
+        vocab = self.grammars.vocab_size
+        for token, _ in request.params.logit_bias:
+            if not 0 <= token < vocab:
+                raise InvalidParameter(
+                    "logit_bias",
+                    f"Token id {token} is not in this model's vocabulary (0-{vocab - 1}).",
+                )
         constraint = request.params.constraint
         sequence = EngineSequence(
             matcher=self.grammars.matcher(constraint) if constraint else None,

@@ -227,6 +227,7 @@ def test_a_schema_llguidance_cannot_take_is_a_400_naming_the_parameter(
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
          "tool_choice"),
         ({"logit_bias": {"12": 101}}, "logit_bias"),
+        ({"logit_bias": {"2048": 1}}, "logit_bias"),  # past the demo's vocabulary
         ({"max_tokens": 10**12}, "max_tokens"),
         ({"max_completion_tokens": 2048}, "max_completion_tokens"),
     ],
