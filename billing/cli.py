@@ -1,5 +1,5 @@
-"""Billing's `tokenshop` commands (keys, grant, balance, audit, sweep, packs, migrate) and the
-runner every package's commands share.
+"""Billing's `tokenshop` commands (keys, grant, balance, audit, sweep, packs, migrate, promo,
+strays) and the runner every package's commands share.
 
 Bad arguments print one line, `tokenshop: error: ...`, and exit 2; `audit` exits 1 when the
 books do not balance. The API's and the bot's commands live in api/cli.py and bot/cli.py;
@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Annotated
 
 import typer
@@ -19,15 +20,17 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 from typer.exceptions import TyperException
 
-from billing import accounts, keys, ledger
+from billing import accounts, keys, ledger, promos, stray_charges
 from billing.db import make_engine, session_scope
 from billing.errors import BillingError
-from billing.models import Account
+from billing.models import Account, utcnow
 from billing.settings import BillingSettings
 
 app = typer.Typer(rich_markup_mode=None, help="The books: accounts, keys and balances.")
 keys_app = typer.Typer(no_args_is_help=True, help="Issue, show, rotate and revoke API keys.")
 app.add_typer(keys_app, name="keys")
+promo_app = typer.Typer(no_args_is_help=True, help="Promo codes buyers redeem with /promo.")
+app.add_typer(promo_app, name="promo")
 
 AccountOpt = Annotated[int | None, typer.Option("--account", help="Account id.")]
 TelegramOpt = Annotated[int | None, typer.Option("--telegram-id", help="Telegram user id.")]
@@ -181,6 +184,51 @@ def packs() -> None:
     """List the catalog of token packs."""
     for pack in BillingSettings().catalog():
         typer.echo(f"{pack.id}\t{pack.tokens} tokens\t{pack.price} {pack.currency}\t{pack.title}")
+
+
+@promo_app.command("create")
+def promo_create(
+    code: Annotated[str, typer.Argument(help="3-32 letters, digits, _ or -; case-insensitive.")],
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens each redemption gives.")],
+    uses: Annotated[int, typer.Option(min=1, help="Redemptions in all (one per buyer).")],
+    days: Annotated[int | None, typer.Option(min=1, help="Valid this many days.")] = None,
+) -> None:
+    """Create a promo code."""
+    expires = utcnow() + timedelta(days=days) if days else None
+    with _books() as (session, _):
+        promo = promos.create_promo(
+            session=session, code=code, tokens=tokens, max_uses=uses, expires_at=expires
+        )
+        until = f"{promo.expires_at:%Y-%m-%d %H:%M} UTC" if promo.expires_at else "no expiry"
+    typer.echo(f"promo {promo.code}: {promo.tokens} tokens, {promo.max_uses} uses, {until}")
+
+
+@promo_app.command("list")
+def promo_list() -> None:
+    """The newest promo codes and their uses."""
+    with _books() as (session, _):
+        for promo in promos.list_promos(session=session):
+            until = f"{promo.expires_at:%Y-%m-%d %H:%M}" if promo.expires_at else "-"
+            typer.echo(
+                f"{promo.code}\t{promo.tokens} tokens\t{promo.uses}/{promo.max_uses}\t{until}"
+            )
+
+
+@app.command()
+def strays() -> None:
+    """Paid charges that could not be credited and are not refunded yet (the bot's /refund
+    retries one); exits 1 when there are any."""
+    with _books() as (session, _):
+        owed = stray_charges.unrefunded(session=session)
+    for charge in owed:
+        typer.echo(
+            f"{charge.telegram_payment_charge_id}\tuser {charge.telegram_id}\t{charge.amount} Stars"
+            f"\t{charge.reason}\t{charge.refund_error or 'not tried'}"
+        )
+    if owed:
+        typer.echo(f"strays: {len(owed)} charge(s) owed back", err=True)
+        raise typer.Exit(1)
+    typer.echo("strays: none owed")
 
 
 def _fail(message: str, code: int = 2) -> None:
