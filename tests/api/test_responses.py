@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -26,7 +27,8 @@ from api.engine.protocol import GenerationOutput, GenerationRequest
 from billing import keys
 from billing.models import Hold, LedgerEntry, StoredResponse
 from tests.api.conftest import DEMO_MODEL
-from tests.faults import DelegatingEngine, demo_engine
+from tests.api.test_upstreams import fakes, serve  # noqa: F401 (fixtures)
+from tests.faults import DelegatingEngine, GatedEngine, demo_engine, poll
 
 WEATHER_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -389,3 +391,56 @@ def test_a_stream_refused_before_it_starts_gets_its_http_status(client: openai.O
         )
 
     assert refused.value.body["param"] == "tools[0].type"
+
+
+def test_a_model_on_an_upstream_answers_through_its_chat_endpoint_billed_its_usage(
+    fakes,  # noqa: F811
+    serve,  # noqa: F811
+    make_funded_key,
+    make_client,
+    engine: Engine,
+) -> None:
+    server = serve(fakes().base_url)
+    key = make_funded_key()
+
+    response = make_client(server, key).responses.create(
+        model="big", input="hello there", max_output_tokens=5
+    )
+
+    assert response.output_text == "w0 w1 w2 w3 w4"
+    assert response.status == "incomplete"
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (6, 5)  # its count
+    assert billed(engine, key) == (1, 11)
+
+
+def test_a_client_that_hangs_up_midstream_pays_for_what_was_generated(
+    start_server, make_funded_key, engine: Engine
+) -> None:
+    """The engine lets 8 outputs through and then holds the rest back, so after the hang-up
+    only the serving layer's own close can end the request and resolve its hold."""
+    gated = GatedEngine(demo_engine(str(DEMO_MODEL)), let_through=8)
+    server = start_server(engines={"demo": gated})
+    key = make_funded_key()
+    body = {"model": "demo", "input": "Tell me a long story.", "stream": True}
+    headers = {"Authorization": f"Bearer {key}"}
+    deltas = 0
+    with (
+        httpx.Client(base_url=server.base_url, headers=headers, timeout=30) as http,
+        http.stream("POST", "/responses", json=body) as stream,
+    ):
+        for line in stream.iter_lines():
+            if line == "event: response.output_text.delta":
+                deltas += 1
+                if deltas == 5:
+                    break  # leaves the stream unread and closes the connection
+
+    def resolved() -> bool:
+        with Session(engine) as session:
+            return not session.exec(select(Hold).where(col(Hold.state) == "held")).all()
+
+    poll(resolved, within=30, what="the hold of the abandoned stream to be resolved")
+    gated.gate.set()
+    with Session(engine) as session:
+        entry = session.exec(select(LedgerEntry).where(col(LedgerEntry.kind) == "usage")).one()
+    assert 5 <= entry.completion_tokens <= 8  # what was generated before the hang-up, no more
