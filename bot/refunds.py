@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sqlmodel import Session
-from telegram import Bot, TransactionPartnerUser
+from telegram import Bot, StarTransaction, TransactionPartnerUser
 from telegram.error import NetworkError, TelegramError, TimedOut
 
 from billing import stray_charges
@@ -63,20 +63,36 @@ def _already_refunded(error: TelegramError) -> bool:
 
 async def refund_listed(bot: Bot, charge_id: str) -> bool | None:
     """Whether Telegram lists a refund of this charge; None when it cannot be asked now."""
-    offset = 0
     try:
-        for _ in range(MAX_PAGES):
-            page = await bot.get_star_transactions(offset=offset, limit=PAGE)
-            for tx in page.transactions:
-                if tx.id == charge_id and isinstance(tx.receiver, TransactionPartnerUser):
-                    return True
-            offset += len(page.transactions)
-            if len(page.transactions) < PAGE:
-                return False
+        found = await _find(bot, charge_id, refund=True)
     except TelegramError:
         logger.warning("could not list Star transactions to check %s", charge_id, exc_info=True)
         return None
-    return False
+    return found is not None
+
+
+async def find_payment(bot: Bot, charge_id: str) -> StarTransaction | None:
+    """Telegram's record of a user's payment with this charge id (one the books may never have
+    seen: reconciliation reports such charges), or None."""
+    try:
+        return await _find(bot, charge_id, refund=False)
+    except TelegramError:
+        logger.warning("could not list Star transactions to find %s", charge_id, exc_info=True)
+        return None
+
+
+async def _find(bot: Bot, charge_id: str, *, refund: bool) -> StarTransaction | None:
+    offset = 0
+    for _ in range(MAX_PAGES):
+        page = await bot.get_star_transactions(offset=offset, limit=PAGE)
+        for tx in page.transactions:
+            partner = tx.receiver if refund else tx.source
+            if tx.id == charge_id and isinstance(partner, TransactionPartnerUser):
+                return tx
+        offset += len(page.transactions)
+        if len(page.transactions) < PAGE:
+            break
+    return None
 
 
 async def _settle_unknown(bot: Bot, charge_id: str, error: str) -> Attempt:

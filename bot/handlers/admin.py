@@ -13,7 +13,7 @@ import logging
 from datetime import timedelta
 
 from sqlmodel import Session
-from telegram import Update
+from telegram import StarTransaction, TransactionPartnerUser, Update
 from telegram.ext import ContextTypes
 
 from billing import accounts, keys, ledger, lookup, promos, stray_charges
@@ -22,8 +22,8 @@ from billing.models import PromoCode, StrayCharge, utcnow
 from billing.stats import ShopStats, shop_stats, start_of_day
 from bot import keyboards
 from bot.handlers.payments import refund_notice, tell
-from bot.refunds import pay_back, refund_stray
-from bot.runtime import lang, runtime
+from bot.refunds import find_payment, pay_back, refund_stray
+from bot.runtime import Runtime, lang, runtime
 from bot.texts import Html, Lang, language_for, lines, number, t, when
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ async def refund(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         return found, available.available, None
 
     found, available, stray = await shop.read(find)
+    if found is None and stray is None:
+        stray = await _record_unmatched(shop, await find_payment(context.bot, charge_id))
     if stray is not None:
         await _refund_stray(update, context, stray)
         return
@@ -174,6 +176,27 @@ async def on_refund_action(update: Update, context: ContextTypes.DEFAULT_TYPE) -
     if result.newly_refunded:
         buyer = language_for(buyer_language)
         await tell(context.bot, found.telegram_id, refund_notice(buyer, result))
+
+
+async def _record_unmatched(shop: Runtime, tx: StarTransaction | None) -> StrayCharge | None:
+    """A paid charge Telegram lists and the books never credited (reconciliation reports
+    these): recorded as a stray charge, so that it can be refunded like one."""
+    if tx is None or not isinstance(tx.source, TransactionPartnerUser):
+        return None
+    source = tx.source
+
+    def record(session: Session) -> StrayCharge:
+        return stray_charges.record(
+            session=session,
+            charge_id=tx.id,
+            telegram_id=source.user.id,
+            amount=tx.amount,
+            currency="XTR",
+            payload=source.invoice_payload,
+            reason="unmatched",
+        ).charge
+
+    return await shop.run(record)
 
 
 async def _refund_stray(

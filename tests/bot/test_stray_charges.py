@@ -139,3 +139,34 @@ async def test_reconciliation_knows_a_recorded_stray_charge_and_reports_nothing(
 
     assert report.problems == [] and report.credited == [] and report.refunded == []
     assert telegram.texts_to(operator.id) == []
+
+
+async def test_refund_finds_a_charge_only_telegram_knows_and_pays_it_back(
+    shop_bot: Application,  # type: ignore[type-arg]
+    alice: TelegramUser,
+    operator: TelegramUser,
+    telegram: FakeTelegram,
+    session: Session,
+) -> None:
+    """The update for a second charge was lost: reconciliation reports it, and /refund with the
+    reported id records it and pays it back."""
+    invoice = await buy_pack(alice, telegram, charge_id="charge-one")
+    telegram.star_transactions.extend(
+        [
+            star_payment("charge-one", alice, invoice.amount, invoice.payload),
+            star_payment("charge-lost", alice, invoice.amount, invoice.payload),
+        ]
+    )
+    report = await reconcile_star_transactions(shop_bot)
+    assert any("charge-lost" in problem for problem in report.problems)
+
+    await operator.send("/refund charge-lost")
+
+    assert "charge-lost" in telegram.last_text_to(operator.id)
+    assert "it is refunded now" in telegram.last_text_to(operator.id)
+    assert refunds_of(telegram, "charge-lost") == [(alice.id, "charge-lost")]
+    [stray] = strays(session)
+    assert (stray.reason, stray.amount, stray.refunded_at is not None) == ("unmatched", 50, True)
+    telegram.star_transactions.append(star_refund("charge-lost", alice, invoice.amount))
+    telegram.forget()
+    assert (await reconcile_star_transactions(shop_bot)).problems == []
