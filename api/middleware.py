@@ -13,6 +13,7 @@ from api.metrics import Metrics
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _ROUTES = {
     "/v1/chat/completions",
+    "/v1/responses",
     "/v1/models",
     "/v1/key",
     "/health",
@@ -24,7 +25,10 @@ _ROUTES = {
 def _route(path: str) -> str:
     if path in _ROUTES:
         return path
-    return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+    for prefix in ("/v1/models/", "/v1/responses/"):  # one label per route, not per id
+        if path.startswith(prefix):
+            return prefix + "{id}"
+    return "other"
 
 
 class RequestContext:

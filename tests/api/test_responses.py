@@ -444,3 +444,16 @@ def test_a_client_that_hangs_up_midstream_pays_for_what_was_generated(
     with Session(engine) as session:
         entry = session.exec(select(LedgerEntry).where(col(LedgerEntry.kind) == "usage")).one()
     assert 5 <= entry.completion_tokens <= 8  # what was generated before the hang-up, no more
+
+
+def test_metrics_count_responses_by_route_not_by_id(server, client: openai.OpenAI) -> None:
+    first = client.responses.create(model="demo", input="x", max_output_tokens=2)
+    second = client.responses.create(model="demo", input="y", max_output_tokens=2)
+    client.responses.retrieve(first.id)
+    client.responses.retrieve(second.id)
+
+    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
+
+    assert 'tokenshop_requests_total{route="/v1/responses",status="200"} 2.0' in text
+    assert 'tokenshop_requests_total{route="/v1/responses/{id}",status="200"} 2.0' in text
+    assert first.id not in text
