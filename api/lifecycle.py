@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.books import Books
 from api.errors import DATABASE_UNAVAILABLE, OpenAIError, describe_database_error
@@ -44,6 +44,7 @@ class Lifecycle:
     grace_seconds: float
     draining: bool = False
     _running: set[asyncio.Task[Any]] = field(default_factory=set)
+    _cut: set[asyncio.Task[Any]] = field(default_factory=set)  # cancelled after the grace
     _idle: asyncio.Event | None = None
 
     @property
@@ -63,6 +64,7 @@ class Lifecycle:
         if left:
             logger.warning("cancelling %d request(s) still running after the grace", len(left))
             for task in left:
+                self._cut.add(task)
                 task.cancel()
 
     def _started(self, task: asyncio.Task[Any]) -> None:
@@ -134,9 +136,26 @@ class Draining:
             return
         task = asyncio.current_task()
         assert task is not None
+        response = {"started": False, "complete": False}
+
+        async def tracked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                response["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                response["complete"] = True
+            await send(message)
+
         self.lifecycle._started(task)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if task not in self.lifecycle._cut:
+                raise
+            task.uncancel()  # cut by `drain` after the grace: end the response cleanly
+            if not response["started"]:
+                await _draining().response()(scope, receive, send)
+            elif not response["complete"]:  # a stream ends here, without its [DONE]
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.lifecycle._ended(task)
 
