@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import case, exists, literal, select, update
+from sqlalchemy import case, exists, func, literal, select, update
 from sqlmodel import Session, col
 
 from billing.models import Account, LedgerEntry
@@ -57,7 +57,7 @@ def claim_notices(*, session: Session, threshold: int, limit: int = BATCH) -> li
         select(
             col(Account.id),
             col(Account.telegram_id),
-            col(Account.language),
+            func.coalesce(col(Account.chosen_language), col(Account.language)),
             col(Account.balance),
             col(Account.notice_level),
         )

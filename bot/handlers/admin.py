@@ -266,7 +266,7 @@ async def grant(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         )
         keys.ensure_key(session=session, account_id=account.id, secret_key=shop.secret_key)
         return ledger.get_balance(session=session, account_id=account.id).available, (
-            account.language
+            account.chosen_language or account.language
         )
 
     try:

@@ -55,7 +55,8 @@ async def on_pre_checkout(update: Update, context: ContextTypes.DEFAULT_TYPE) ->
     Always answers: an unexpected failure refuses the payment rather than leaving it hanging."""
     query = update.pre_checkout_query
     assert query is not None
-    language = language_for(query.from_user.language_code)
+    chosen = runtime(context).languages.get(query.from_user.id)  # no read: answer fast
+    language = language_for(chosen or query.from_user.language_code)
     try:
         refusal = await asyncio.wait_for(
             _refusal(
