@@ -33,6 +33,7 @@ from api.errors import (
     describe_database_error,
     from_domain,
     model_not_found,
+    unsupported_parameter,
 )
 from api.metrics import Metrics
 from api.protocol import (
@@ -170,6 +171,7 @@ class ChatService:
         messages = requests.chat_messages(request)
         requests.stop_strings(request)
         plan = tools.plan(request, engine)
+        forwarded = _forwarded(request, engine)
         prompt_ids = await _encode(engine, messages, plan.tools)
         if plan.constraint is not None:  # a schema llguidance cannot take is a 400, before the hold
             await engine.check_constraint(plan.constraint)
@@ -213,6 +215,7 @@ class ChatService:
                     cache_scope=f"account-{account_id}",  # never another customer's prefixes
                     messages=messages,
                     stream=request.stream,
+                    extra=forwarded,
                 )
                 for index in range(n)
             ],
@@ -534,6 +537,25 @@ class ChatService:
                 self.metrics.tokens_per_second.labels(prepared.model).observe(
                     (tally.completion_tokens - 1) / elapsed
                 )
+
+
+# What an upstream engine enforces itself, sent on as the client wrote it.
+UPSTREAM_FIELDS = {"response_format", "logit_bias"}
+
+
+def _forwarded(request: ChatCompletionRequest, engine: EngineClient) -> dict[str, Any]:
+    """The request fields an upstream-served model gets verbatim (none for a local engine).
+    Tools are refused there for now: the upstream's structured `tool_calls` have no way back
+    through `GenerationOutput` yet, and a call silently lost is worse than a clear 400."""
+    if not engine.backends():
+        return {}
+    if request.tools:
+        raise unsupported_parameter(
+            "tools", "is not supported yet for models served by an upstream server."
+        )
+    return request.model_dump(
+        include=UPSTREAM_FIELDS, exclude_none=True, by_alias=True, mode="json"
+    )
 
 
 async def _encode(

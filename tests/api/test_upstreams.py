@@ -380,3 +380,21 @@ def test_models_ready_and_metrics_show_the_upstreams_and_never_their_key(
 def _usage_entries(engine) -> list[LedgerEntry]:
     with session_scope(engine) as session:
         return list(session.exec(select(LedgerEntry).where(LedgerEntry.kind == "usage")).all())
+
+
+def test_response_format_goes_upstream_as_written_and_tools_are_refused_there(
+    fakes, serve, api_key, make_client, engine
+):
+    upstream = fakes()
+    client = make_client(serve(upstream.base_url), api_key)
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    client.chat.completions.create(
+        model="big", messages=HELLO, max_tokens=2, response_format=response_format
+    )
+    assert upstream.state()["last_body"]["response_format"] == response_format
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="big", messages=HELLO, max_tokens=2, tools=[tool])
+    assert refused.value.body["param"] == "tools"
+    assert (balance(engine).held, open_holds(engine)) == (0, 0)

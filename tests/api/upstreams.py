@@ -3,6 +3,7 @@ and llama-cpp-python's, each a process of its own, and a models file pointing at
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -17,6 +18,18 @@ from tests.api.conftest import free_port
 from tests.faults import poll
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_gguf(out: Path) -> Path:
+    """A tiny random-weight GGUF with the demo tokenizer (`models/make_gguf.py`, a script:
+    loaded by path)."""
+    spec = importlib.util.spec_from_file_location(
+        "tokenshop_make_gguf", ROOT / "models" / "make_gguf.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_gguf(out)
 
 
 class UpstreamProcess:

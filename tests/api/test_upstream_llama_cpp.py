@@ -1,0 +1,181 @@
+"""A real upstream nobody here wrote: llama-cpp-python's OpenAI-compatible server, serving a
+tiny random-weight GGUF made with the demo tokenizer (models/make_gguf.py). Its streams carry no
+usage and its non-streamed answers do, so both ways of billing meet a real server."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from sqlmodel import select
+
+from api.engine.local_engine import load_chat_template
+from api.engine.protocol import ChatMessage
+from api.engine.text.tokenizer import TokenizerWrapper
+from billing.db import session_scope
+from billing.models import Hold, LedgerEntry
+from tests.api.conftest import DEMO_MODEL, free_port
+from tests.api.upstreams import UpstreamProcess, make_gguf, models_toml
+from tests.faults import poll
+
+pytestmark = pytest.mark.slow
+
+HELLO = [{"role": "user", "content": "Hello there, how are the tokens today?"}]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Iterator[UpstreamProcess]:
+    gguf = make_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    port = free_port()
+    server = UpstreamProcess(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "2048",
+            "--n_threads",
+            "1",
+            "--n_threads_batch",
+            "1",
+            "--interrupt_requests",
+            "False",
+            "--verbose",
+            "False",
+        ],
+        port=port,
+    )
+    try:
+        yield server.wait_ready(within=120)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def direct(llama) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=llama.base_url, api_key="none", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+def through(llama, start_server, tmp_path, api_key) -> Iterator[openai.OpenAI]:
+    path = tmp_path / "models.toml"
+    path.write_text(models_toml("tiny", [llama.base_url], tokenizer=str(DEMO_MODEL)))
+    server = start_server(models_file=str(path))
+    with openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0) as client:
+        client.port = server.port  # type: ignore[attr-defined]
+        yield client
+
+
+def booked(engine, request_id: str) -> LedgerEntry:
+    with session_scope(engine) as session:
+        return session.exec(select(LedgerEntry).where(LedgerEntry.request_id == request_id)).one()
+
+
+def local_prompt_tokens(messages: list[dict[str, str]]) -> int:
+    tokenizer = TokenizerWrapper.from_file(DEMO_MODEL / "tokenizer.json")
+    rendered = load_chat_template(DEMO_MODEL).render([ChatMessage(**m) for m in messages])
+    return len(tokenizer.encode(rendered))
+
+
+def test_greedy_text_through_tokenshop_equals_the_upstreams_own(direct, through):
+    own = direct.chat.completions.create(model="tiny", messages=HELLO, max_tokens=24, temperature=0)
+    answer = through.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=24, temperature=0
+    )
+    streamed = through.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=24, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert own.choices[0].message.content
+    assert answer.choices[0].message.content == own.choices[0].message.content
+    assert text == own.choices[0].message.content
+
+
+def test_a_non_streamed_answer_is_billed_exactly_the_upstreams_usage(direct, through, engine):
+    own = direct.chat.completions.create(model="tiny", messages=HELLO, max_tokens=16, temperature=0)
+    answer = through.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=16, temperature=0
+    )
+    assert answer.usage.prompt_tokens == own.usage.prompt_tokens
+    assert answer.usage.completion_tokens == own.usage.completion_tokens
+    entry = booked(engine, answer.id)
+    assert (entry.prompt_tokens, entry.completion_tokens, -entry.amount) == (
+        own.usage.prompt_tokens,
+        own.usage.completion_tokens,
+        own.usage.total_tokens,
+    )
+
+
+def test_a_stream_without_upstream_usage_is_billed_the_tokenizers_count(direct, through, engine):
+    own = direct.chat.completions.create(model="tiny", messages=HELLO, max_tokens=16, temperature=0)
+    chunks = list(
+        through.chat.completions.create(
+            model="tiny",
+            messages=HELLO,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == local_prompt_tokens(HELLO)
+    # the tokenizer is the one the GGUF was made with, so the counts agree with the upstream's
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        own.usage.prompt_tokens,
+        own.usage.completion_tokens,
+    )
+    entry = booked(engine, chunks[0].id)
+    assert (entry.prompt_tokens, entry.completion_tokens, -entry.amount) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.total_tokens,
+    )
+
+
+def test_a_dropped_stream_frees_the_upstreams_slot_within_a_second(llama, through, engine):
+    with httpx.stream(
+        "POST",
+        f"http://127.0.0.1:{through.port}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {through.api_key}"},
+        json={
+            "model": "tiny",
+            "messages": HELLO,
+            "max_tokens": 1500,
+            "temperature": 0,
+            "stream": True,
+        },
+        timeout=60,
+    ) as response:
+        for received, _ in enumerate(response.iter_lines()):
+            if received == 8:
+                break
+    dropped = time.monotonic()
+    # the server answers one request at a time: this one waits unless the stream stopped
+    answer = httpx.post(
+        f"{llama.base_url}/chat/completions",
+        json={"model": "tiny", "messages": HELLO, "max_tokens": 1},
+        timeout=httpx.Timeout(1.0),
+    )
+    assert answer.status_code == 200
+    assert time.monotonic() - dropped < 1.0
+    poll(lambda: _open_holds(engine) == 0, within=5, what="the dropped stream settled")
+    with session_scope(engine) as session:
+        [entry] = session.exec(select(LedgerEntry).where(LedgerEntry.kind == "usage")).all()
+    assert 1 <= entry.completion_tokens < 1500
+
+
+def _open_holds(engine) -> int:
+    with session_scope(engine) as session:
+        return len(session.exec(select(Hold).where(Hold.state == "held")).all())
