@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from api.engine.graph.int4_matmul import use_int4_kernel  # noqa: E402
 from api.engine.ops.library import default_library  # noqa: E402
+from tests.engine.graphs import matmul_nbits  # noqa: E402
 
 SHAPES = {"qkv": (896, 1152), "o": (896, 896), "gate+up": (896, 9728), "down": (4864, 896)}
 BLOCK = 128
@@ -35,27 +36,13 @@ SEGMENT_SECONDS = 0.2
 
 
 def session(k: int, n: int, library: Path | None, threads: int) -> ort.InferenceSession:
-    rng = np.random.default_rng(k * n)
-    blocks = -(-k // BLOCK)
-    packed = rng.integers(0, 256, size=(n, blocks, BLOCK // 2), dtype=np.uint8)
-    scales = rng.uniform(0.001, 0.02, size=n * blocks).astype(np.float32)
-    node = helper.make_node(
-        "MatMulNBits",
-        ["A", "B", "S"],
-        ["Y"],
-        domain="com.microsoft",
-        K=k,
-        N=n,
-        bits=4,
-        block_size=BLOCK,
-    )
-    node.attribute.append(helper.make_attribute("accuracy_level", 4))
+    node, initializers = matmul_nbits(k, n, BLOCK, seed=k * n)
     graph = helper.make_graph(
         [node],
         "projection",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["rows", k])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", n])],
-        [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "S")],
+        initializers,
     )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
@@ -113,7 +100,7 @@ def main() -> int:
     os.environ.pop("TOKENSHOP_INT4_ISA")
     rng = np.random.default_rng(0)
     feeds = {
-        (s, m): {"A": rng.standard_normal((m, SHAPES[s][0]), np.float32)}
+        (s, m): {"x": rng.standard_normal((m, SHAPES[s][0]), np.float32)}
         for s in SHAPES
         for m in rows
     }

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from api.engine.export.quantize import Int4Config, quantize_int4, quantize_int8  # noqa: E402
 from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
-from bench.engine import OUT, build_and_export  # noqa: E402
+from bench.engine import OUT, bare_loop, build_and_export  # noqa: E402
 
 VARIANTS: dict[str, Int4Config | str | None] = {
     "fp32": None,
@@ -66,29 +66,9 @@ def make_variant(source: Path, name: str, config: Int4Config | str | None) -> Pa
 
 
 def bare_decode(model: OnnxCausalLM, prompt: list[int], tokens: int) -> float:
-    """Greedy decode tokens/s of a plain session.run loop (prefill excluded)."""
-    spec = model.spec
-    names = ["logits", *spec.present_names]
-    n = len(prompt)
-    feed = {
-        "input_ids": np.array([prompt], np.int64),
-        "attention_mask": np.ones((1, n), np.int64),
-        "position_ids": np.arange(n, dtype=np.int64)[None],
-    }
-    feed.update(zip(spec.past_names, model.empty_past(1), strict=True))
-    logits, *past = model.session.run(names, feed)
-    token = int(np.argmax(logits[0, -1]))
-    started = time.perf_counter()
-    for step in range(tokens):
-        feed = {
-            "input_ids": np.array([[token]], np.int64),
-            "attention_mask": np.ones((1, n + step + 1), np.int64),
-            "position_ids": np.array([[n + step]], np.int64),
-        }
-        feed.update(zip(spec.past_names, past, strict=True))
-        logits, *past = model.session.run(names, feed)
-        token = int(np.argmax(logits[0, -1]))
-    return tokens / (time.perf_counter() - started)
+    """Greedy decode tokens/s of bench/engine.py's bare loop over `tokens` steps (prefill
+    excluded)."""
+    return bare_loop(model, prompt, tokens + 1)[1]
 
 
 def main() -> int:

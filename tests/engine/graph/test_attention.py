@@ -9,140 +9,30 @@ binds them, and compares the outputs and the whole cache.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from api.engine.graph.attention import OP_TYPE, use_attention_kernel
 from api.engine.runtime.slot_batch import SlotBatch
 from tests.engine.conftest import greedy, make_engine, run_steps, served_ops
-from tests.engine.model.test_exactness import (
+from tests.engine.graphs import (
+    QWEN,
+    SHAPES,
+    Shape,
+    attention_graph,
+    run_in_place,
+    session,
+    token_feeds,
+)
+from tests.engine.helpers import (
     assert_same_tokens,
     random_prompt,
     tokens_of,
     transformers_greedy,
 )
-
-POSITIONS = 512  # rotary cache length
-
-
-@dataclass(frozen=True)
-class Shape:
-    heads: int
-    kv_heads: int
-    dim: int
-
-    @property
-    def widths(self) -> list[int]:
-        return [self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim]
-
-
-QWEN = Shape(14, 2, 64)  # Qwen2.5-0.5B: 7 query heads per KV head, a tile of 8 lanes
-SHAPES = [QWEN, Shape(4, 4, 32), Shape(16, 2, 16), Shape(3, 1, 256)]
-
-
-def attention_graph(shape: Shape, *, rotary: bool, packed: bool, scale: float) -> onnx.ModelProto:
-    """`x` [B, S, (H + 2 KV) * D] -> Split -> q (times `scale`), k, v -> GroupQueryAttention."""
-    inits = [
-        numpy_helper.from_array(np.array(shape.widths, np.int64), "sizes"),
-        numpy_helper.from_array(np.array(scale, np.float32), "scale"),
-    ]
-    qkv = ["q", "k", "v"]
-    nodes = [helper.make_node("Split", ["x", "sizes"], qkv, axis=-1)] if packed else []
-    inputs = [] if packed else [f"{n}_in" for n in qkv]
-    if not packed:
-        nodes += [helper.make_node("Identity", [f"{n}_in"], [n]) for n in qkv]
-    nodes.append(helper.make_node("Mul", ["q", "scale"], ["q_scaled"]))
-    rope = ["cos", "sin"] if rotary else []
-    if rotary:
-        rng = np.random.default_rng(3)
-        angles = rng.uniform(0, 6.3, (POSITIONS, shape.dim // 2)).astype(np.float32)
-        inits += [
-            numpy_helper.from_array(np.cos(angles), "cos"),
-            numpy_helper.from_array(np.sin(angles), "sin"),
-        ]
-    nodes.append(
-        helper.make_node(
-            "GroupQueryAttention",
-            ["q_scaled", "k", "v", "past_key", "past_value", "seqlens_k", "total", *rope],
-            ["out", "present_key", "present_value"],
-            domain="com.microsoft",
-            num_heads=shape.heads,
-            kv_num_heads=shape.kv_heads,
-            scale=1.0,
-            do_rotary=int(rotary),
-        )
-    )
-    cache = ["batch", shape.kv_heads, "capacity", shape.dim]
-    x = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", sum(shape.widths)])]
-    if not packed:
-        x = [
-            helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "seq", width])
-            for name, width in zip(inputs, shape.widths, strict=True)
-        ]
-    graph = helper.make_graph(
-        nodes,
-        "attention",
-        [
-            *x,
-            helper.make_tensor_value_info("past_key", TensorProto.FLOAT, cache),
-            helper.make_tensor_value_info("past_value", TensorProto.FLOAT, cache),
-            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
-            helper.make_tensor_value_info("total", TensorProto.INT32, []),
-        ],
-        [
-            helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "seq", None]),
-            helper.make_tensor_value_info("present_key", TensorProto.FLOAT, cache),
-            helper.make_tensor_value_info("present_value", TensorProto.FLOAT, cache),
-        ],
-        inits,
-    )
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets)
-
-
-def session(model: onnx.ModelProto, library: Path | None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    if library is not None:
-        options.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
-
-
-def run_in_place(
-    attention: ort.InferenceSession,
-    feeds: dict[str, np.ndarray],
-    cache: list[np.ndarray],
-    lengths: np.ndarray,
-) -> np.ndarray:
-    """One call with past and present bound to the same buffers (updated in place); the
-    attention output. `lengths`: each row's total after the call."""
-    binding = attention.io_binding()
-    for name, value in feeds.items():
-        binding.bind_cpu_input(name, value)
-    binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
-    binding.bind_cpu_input("total", np.array(lengths.max(), np.int32))
-    binding.bind_output("out")
-    for name, buffer in zip(("key", "value"), cache, strict=True):
-        shape, pointer = list(buffer.shape), buffer.ctypes.data
-        binding.bind_input(f"past_{name}", "cpu", 0, buffer.dtype.type, shape, pointer)
-        binding.bind_output(f"present_{name}", "cpu", 0, buffer.dtype.type, shape, pointer)
-    attention.run_with_iobinding(binding)
-    return binding.get_outputs()[0].numpy()
-
-
-def token_feeds(shape: Shape, packed: bool, rows: int, tokens: int, seed: int):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((rows, tokens, sum(shape.widths))).astype(np.float32)
-    if packed:
-        return {"x": x}
-    q, k, v = np.split(x, np.cumsum(shape.widths)[:2], axis=-1)
-    return {"q_in": q.copy(), "k_in": k.copy(), "v_in": v.copy()}
 
 
 def both(shape: Shape, library: Path, *, rotary: bool = True, packed: bool = True):

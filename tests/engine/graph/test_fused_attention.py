@@ -17,10 +17,9 @@ import pytest
 from api.engine.graph.fused_attention import fuse_attention
 from api.engine.model.causal_lm import OnnxCausalLM
 from api.engine.runtime.padded_batch import PaddedBatch
-from api.engine.runtime.prefill import Prefill, PrefillCall
 from api.engine.runtime.slot_batch import INITIAL_CAPACITY, SlotBatch
-from tests.engine.conftest import greedy, make_engine, manual_sequence, run_steps
-from tests.engine.model.test_exactness import random_prompt, tokens_of
+from tests.engine.conftest import greedy, make_engine, run_steps
+from tests.engine.helpers import prefill_and_decode, random_prompt, tokens_of
 
 
 @pytest.mark.parametrize(
@@ -79,18 +78,6 @@ def test_fused_logits_equal_the_graph_as_exported(tiny_exports, arch: str) -> No
     logits = [prefill_and_decode(engine, prompt, decode_steps=4) for engine in (fused, plain)]
     for got, want in zip(*logits, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-
-def prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.ndarray]:
-    """Each call's logits, copied: a `SlotBatch` writes every call's into the same buffer."""
-    batch = engine.scheduler._batch
-    item = Prefill(manual_sequence(engine, greedy("r", prompt, decode_steps + 1)))
-    steps = [batch.prefill(PrefillCall([item], len(prompt))).copy()]
-    batch.join([item])
-    for _ in range(decode_steps):
-        item.seq.output_ids.append(int(steps[-1][0].argmax()))
-        steps.append(batch.decode().copy())
-    return steps
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -35,18 +35,8 @@ from tests.engine.conftest import (
     projection_session,
     run_steps,
 )
-from tests.engine.graph.test_fused_attention import prefill_and_decode
-
-
-def packed_weights(k: int, n: int, block: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits' B (uint8 [n, blocks, block / 2], two weights a byte) and scales."""
-    rng = np.random.default_rng(seed)
-    blocks = -(-k // block)
-    q = rng.integers(0, 16, size=(n, blocks, block), dtype=np.uint8)
-    q[:, -1, k - (blocks - 1) * block :] = 8  # the quantizer's padding: weight 0
-    packed = q[:, :, 0::2] | (q[:, :, 1::2] << 4)
-    scales = rng.uniform(0.001, 0.02, size=(n * blocks)).astype(np.float32)
-    return packed, scales
+from tests.engine.graphs import int8_product, matmul_nbits, nbits_node, packed_weights
+from tests.engine.helpers import prefill_and_decode
 
 
 def matmul_session(
@@ -58,38 +48,10 @@ def matmul_session(
     bias: np.ndarray | None = None,
 ) -> ort.InferenceSession:
     """A `MatMulNBits` (+ bias `Add`) graph; with `library`, edited to run on our op."""
-    b, scales = packed_weights(k, n, block, seed=k + n + block)
-    node = helper.make_node(
-        "MatMulNBits",
-        ["x", "B", "scales"],
-        ["Y"],
-        domain="com.microsoft",
-        K=k,
-        N=n,
-        bits=4,
-        block_size=block,
-        accuracy_level=4,
-    )
-    initializers = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
+    node, initializers = matmul_nbits(k, n, block, seed=k + n + block)
     return projection_session(
         [node], initializers, (rank, k, n), library=library, edit=use_int4_kernel, bias=bias
     )
-
-
-def int8_product(a: np.ndarray, k: int, n: int, block: int) -> np.ndarray:
-    """What both kernels compute, in numpy: each row's blocks quantized to int8 by their largest
-    magnitude (x * (1 / (max / 127)), rounded half to even), times the 4-bit weights."""
-    b, scales = packed_weights(k, n, block, seed=k + n + block)
-    blocks = -(-k // block)
-    weights = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, blocks, block).astype(np.int64) - 8
-    padded = np.zeros((a.shape[0], blocks, block), np.float32)
-    padded.reshape(a.shape[0], -1)[:, :k] = a
-    top = np.abs(padded).max(axis=2, keepdims=True)
-    step = top / np.float32(127)
-    inverse = np.divide(np.float32(1), step, out=np.zeros_like(step), where=step > 0)
-    q = np.rint(padded * inverse).astype(np.int64)
-    dots = np.einsum("rbi,nbi->rnb", q, weights)
-    return np.einsum("rnb,rb,nb->rn", dots, step[:, :, 0], scales.reshape(n, blocks))
 
 
 @pytest.mark.parametrize(
@@ -165,14 +127,6 @@ def nbits_graph(nodes: list[onnx.NodeProto], scales: dict[str, np.ndarray]) -> o
     initializers = [numpy_helper.from_array(value, name) for name, value in scales.items()]
     graph = helper.make_graph(nodes, "g", [], [], initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-def nbits_node(name: str, inputs: int = 3, **attributes: int) -> onnx.NodeProto:
-    names = ["x", f"{name}.B", f"{name}.scales", f"{name}.zero_points"][:inputs]
-    defaults = {"K": 128, "N": 64, "bits": 4, "block_size": 128} | attributes
-    return helper.make_node(
-        "MatMulNBits", names, [name], name=name, domain="com.microsoft", **defaults
-    )
 
 
 def test_graph_edit_takes_fp32_symmetric_int4_nodes_only() -> None:

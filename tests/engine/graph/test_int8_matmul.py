@@ -29,7 +29,7 @@ from tests.engine.conftest import (
     quantized_copy,
     served_ops,
 )
-from tests.engine.graph.test_fused_attention import prefill_and_decode
+from tests.engine.helpers import prefill_and_decode
 
 
 def int8_weights(k: int, n: int, per_column: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ import pytest
 
 from api.engine.model.causal_lm import OnnxCausalLM
 from tests.engine.conftest import DEMO_DIR
-from tests.engine.model.test_exactness import ARCHITECTURES
+from tests.engine.helpers import ARCHITECTURES
 
 
 def unedited_logits(model: OnnxCausalLM, ids: np.ndarray) -> np.ndarray:

@@ -16,8 +16,7 @@ from api.engine.graph import pipeline
 from api.engine.graph.fused_attention import fuse_attention
 from api.engine.graph.merged_projections import merge_projections
 from tests.engine.conftest import make_engine
-from tests.engine.graph.test_fused_attention import prefill_and_decode
-from tests.engine.model.test_exactness import random_prompt
+from tests.engine.helpers import prefill_and_decode, random_prompt
 
 
 def fused_graph(path: Path) -> tuple[onnx.ModelProto, dict]:

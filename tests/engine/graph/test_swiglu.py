@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from api.engine.graph.int4_matmul import OP_TYPE, use_int4_kernel
 from api.engine.graph.swiglu import fold_swiglu
 from tests.engine.conftest import activation_batches, projection_session
-from tests.engine.graph.test_int4_matmul import int8_product, nbits_node, packed_weights
+from tests.engine.graphs import int8_product, nbits_node, packed_weights
 
 K, N, BLOCK = 256, 96, 128  # gate and up 48 columns each: 6 panel pairs
 

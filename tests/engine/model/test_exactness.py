@@ -7,54 +7,16 @@ decode steps with left padding, and each must still match its own unbatched PyTo
 
 from __future__ import annotations
 
-import random
-
-import numpy as np
 import pytest
-import torch
 
-from api.engine.protocol import GenerationOutput
-from tests.engine.conftest import TinyExport, collect, greedy, make_engine, run_steps, token_ids
-
-# gemma's export has no position_ids input: it exercises the engine's unpadded-group fallback.
-ARCHITECTURES = ["llama", "qwen2", "gpt2", "phi3", "gemma"]
-
-
-def random_prompt(export: TinyExport, length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, len(export.tokenizer)) for _ in range(length)]
-
-
-def transformers_greedy(export: TinyExport, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """PyTorch greedy search, stopping at the generation config's EOS ids like the engine."""
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = export.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
-def top2_margins(export: TinyExport, tokens: list[int]) -> list[float]:
-    """Gap between the two best logits at each step: near-ties would explain a mismatch."""
-    with torch.no_grad():
-        logits = export.model(torch.tensor([tokens])).logits[0].numpy()
-    best = np.sort(logits, axis=-1)[:, -2:]
-    return (best[:, 1] - best[:, 0]).tolist()
-
-
-def tokens_of(outputs: list[GenerationOutput]) -> list[int]:
-    assert outputs[-1].finished
-    return token_ids(outputs)
-
-
-def assert_same_tokens(export: TinyExport, prompt: list[int], got: list[int], want: list[int]):
-    if got != want:
-        margins = top2_margins(export, prompt + want)[len(prompt) - 1 :]
-        pytest.fail(f"{export.arch}: engine {got} != transformers {want}; margins {margins}")
+from tests.engine.conftest import TinyExport, collect, greedy, make_engine, run_steps
+from tests.engine.helpers import (
+    ARCHITECTURES,
+    assert_same_tokens,
+    random_prompt,
+    tokens_of,
+    transformers_greedy,
+)
 
 
 @pytest.fixture(params=ARCHITECTURES)

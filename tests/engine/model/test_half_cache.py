@@ -21,7 +21,7 @@ from api.main import _load_models
 from api.settings import ApiSettings
 from tests.conftest import TEST_SECRET_KEY
 from tests.engine.conftest import DEMO_DIR, greedy, make_engine, run_steps, token_ids
-from tests.engine.graph.test_attention import (
+from tests.engine.graphs import (
     QWEN,
     SHAPES,
     Shape,
@@ -30,7 +30,7 @@ from tests.engine.graph.test_attention import (
     session,
     token_feeds,
 )
-from tests.engine.runtime.test_prefix_cache import FIRST_PROMPT, FOLLOW_UP, scoped
+from tests.engine.helpers import FIRST_PROMPT, FOLLOW_UP, scoped
 
 # Measured on the tiny llama export (printed by the test): 1.00. The bound catches a cache
 # read at the wrong offset or in the wrong type, which turns the tokens to noise.

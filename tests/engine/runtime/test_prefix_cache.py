@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,15 +13,9 @@ import pytest
 from api.engine.protocol import GenerationRequest
 from api.engine.runtime.prefix_cache import MIN_PREFIX, PrefixCache
 from tests.engine.conftest import collect, greedy, make_engine, run_steps, token_ids
+from tests.engine.helpers import FIRST_PROMPT, FOLLOW_UP, scoped
 
 pytestmark = pytest.mark.anyio
-
-FIRST_PROMPT = [(7 * i + 3) % 500 + 10 for i in range(40)]
-FOLLOW_UP = [11, 402, 93, 7, 250, 36, 18, 300]
-
-
-def scoped(request: GenerationRequest, scope: str | None) -> GenerationRequest:
-    return dataclasses.replace(request, cache_scope=scope)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,80 @@
+"""Helpers the engine's tests share: prompts and the transformers reference of the exactness
+tests, a prefill and decode steps driven by hand, a conversation for the prefix cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+from api.engine.protocol import GenerationOutput, GenerationRequest
+from api.engine.runtime.prefill import Prefill, PrefillCall
+from tests.engine.conftest import TinyExport, greedy, manual_sequence, token_ids
+
+# gemma's export has no position_ids input: it exercises the engine's unpadded-group fallback.
+ARCHITECTURES = ["llama", "qwen2", "gpt2", "phi3", "gemma"]
+
+
+def random_prompt(export: TinyExport, length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, len(export.tokenizer)) for _ in range(length)]
+
+
+def transformers_greedy(export: TinyExport, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """PyTorch greedy search, stopping at the generation config's EOS ids like the engine."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = export.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def top2_margins(export: TinyExport, tokens: list[int]) -> list[float]:
+    """Gap between the two best logits at each step: near-ties would explain a mismatch."""
+    import torch
+
+    with torch.no_grad():
+        logits = export.model(torch.tensor([tokens])).logits[0].numpy()
+    best = np.sort(logits, axis=-1)[:, -2:]
+    return (best[:, 1] - best[:, 0]).tolist()
+
+
+def tokens_of(outputs: list[GenerationOutput]) -> list[int]:
+    assert outputs[-1].finished
+    return token_ids(outputs)
+
+
+def assert_same_tokens(export: TinyExport, prompt: list[int], got: list[int], want: list[int]):
+    if got != want:
+        margins = top2_margins(export, prompt + want)[len(prompt) - 1 :]
+        pytest.fail(f"{export.arch}: engine {got} != transformers {want}; margins {margins}")
+
+
+def prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.ndarray]:
+    """Each call's logits, copied: a `SlotBatch` writes every call's into the same buffer."""
+    batch = engine.scheduler._batch
+    item = Prefill(manual_sequence(engine, greedy("r", prompt, decode_steps + 1)))
+    steps = [batch.prefill(PrefillCall([item], len(prompt))).copy()]
+    batch.join([item])
+    for _ in range(decode_steps):
+        item.seq.output_ids.append(int(steps[-1][0].argmax()))
+        steps.append(batch.decode().copy())
+    return steps
+
+
+FIRST_PROMPT = [(7 * i + 3) % 500 + 10 for i in range(40)]
+
+
+FOLLOW_UP = [11, 402, 93, 7, 250, 36, 18, 300]
+
+
+def scoped(request: GenerationRequest, scope: str | None) -> GenerationRequest:
+    return dataclasses.replace(request, cache_scope=scope)
