@@ -457,3 +457,74 @@ def test_metrics_count_responses_by_route_not_by_id(server, client: openai.OpenA
     assert 'tokenshop_requests_total{route="/v1/responses",status="200"} 2.0' in text
     assert 'tokenshop_requests_total{route="/v1/responses/{id}",status="200"} 2.0' in text
     assert first.id not in text
+
+
+def test_errors_of_the_shared_path_name_the_responses_parameters(client: openai.OpenAI) -> None:
+    lookbehind = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)y"}}}
+    with pytest.raises(openai.BadRequestError) as schema:
+        client.responses.create(
+            model="demo",
+            input="x",
+            text={"format": {"type": "json_schema", "name": "thing", "schema": lookbehind}},
+        )
+    with pytest.raises(openai.BadRequestError) as tool:
+        client.responses.create(
+            model="demo",
+            input="x",
+            tools=[WEATHER, {"type": "function", "name": "f", "parameters": lookbehind}],
+        )
+    with pytest.raises(openai.BadRequestError) as json_word:
+        client.responses.create(model="demo", input="x", text={"format": {"type": "json_object"}})
+
+    assert schema.value.body["param"] == "text.format.schema"
+    assert tool.value.body["param"] == "tools[1].parameters"
+    assert json_word.value.body["param"] == "input"
+    assert "'input'" in json_word.value.body["message"]
+
+
+def test_a_request_shaped_as_the_codex_cli_sends_it_is_served(client: openai.OpenAI) -> None:
+    """What a coding agent sends every turn: a developer message, function tools with
+    tool_choice and parallel_tool_calls, reasoning settings, encrypted reasoning asked for,
+    nothing stored, a stream."""
+    with client.responses.stream(
+        model="demo",
+        instructions="You are a coding agent.",
+        input=[
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "Be brief."}],
+            },
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "List files."}],
+            },
+        ],
+        tools=[
+            {
+                "type": "function",
+                "name": "shell",
+                "description": "Runs a command.",
+                "strict": False,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["command"],
+                    "additionalProperties": False,
+                },
+            }
+        ],
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        reasoning={"effort": "medium", "summary": "auto"},
+        include=["reasoning.encrypted_content"],
+        store=False,
+        max_output_tokens=16,
+        extra_body={"prompt_cache_key": "session-1"},
+    ) as stream:
+        events = list(stream)
+
+    assert events[0].type == "response.created"
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.usage is not None
