@@ -7,6 +7,7 @@ below is the work of constrained decoding (llguidance), which is the point of th
 from __future__ import annotations
 
 import json
+import shutil
 from enum import StrEnum
 from typing import Any
 
@@ -16,7 +17,9 @@ import pytest
 from pydantic import BaseModel, Field
 from sqlmodel import Session, select
 
+from api.engine.text.chat_template import CHATML_TEMPLATE
 from billing.models import LedgerEntry
+from tests.api.conftest import DEMO_MODEL
 
 TRIES = 50
 
@@ -272,3 +275,17 @@ def test_an_omitted_max_tokens_is_capped_to_the_room_left(client: openai.OpenAI)
     )
     usage = completion.usage
     assert usage.prompt_tokens + usage.completion_tokens <= 2048
+
+
+def test_a_model_whose_template_shows_no_tools_refuses_them(
+    start_server, api_key: str, make_client, tmp_path
+) -> None:
+    plain = tmp_path / "plain"
+    shutil.copytree(DEMO_MODEL, plain)
+    (plain / "chat_template.jinja").write_text(CHATML_TEMPLATE)
+    client = make_client(start_server(models=f"plain={plain}"), api_key)
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="plain", messages=ASK, tools=[WEATHER])
+    assert error.value.body["param"] == "tools"
+    answer = client.chat.completions.create(model="plain", messages=ASK, max_tokens=3)
+    assert answer.choices[0].message.tool_calls is None
