@@ -9,6 +9,7 @@ time), and the same statements enforce the same rules; PostgreSQL is what produc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -240,3 +241,42 @@ def test_a_key_revoked_through_the_cli_is_refused_by_every_replica_within_the_ca
 
     assert refused_after <= cache_seconds + 1
     assert codes == [401, 401, 401]
+
+
+def test_a_retry_takes_over_the_idempotency_key_of_a_replica_that_died(
+    engine: Engine, database_url: str, secret_key: bytes, tmp_path: Path
+) -> None:
+    key, account_id = funded_key(engine, secret_key)
+    body = {"model": "demo", "messages": PROMPT, "max_tokens": 2000, "temperature": 0}
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "order-42"}
+    settings = {"LEASE_SECONDS": "2", "HEARTBEAT_SECONDS": "0.5", "SWEEP_SECONDS": "0.5"}
+    with replicas(database_url, tmp_path, count=2, **settings) as (first, second):
+        asker = threading.Thread(
+            target=lambda: _post_quietly(f"{first.v1}/chat/completions", body, headers),
+            daemon=True,
+        )
+        asker.start()
+        poll(lambda: open_holds(engine, account_id) == 1, within=60, what="the first attempt")
+        first.kill()
+
+        answers: list[int] = []
+
+        def retried() -> bool:
+            answer = httpx.post(
+                f"{second.v1}/chat/completions", json=body, headers=headers, timeout=120
+            )
+            answers.append(answer.status_code)
+            return answer.status_code != 409  # 409 while the dead replica's lease still runs
+
+        poll(retried, within=30, what="the key taken over", every=0.2)
+        again = httpx.post(f"{second.v1}/chat/completions", json=body, headers=headers, timeout=60)
+
+    assert answers[-1] == 200 and set(answers) <= {200, 409}
+    assert again.status_code == 200  # replayed, not run a third time
+    result = audit_cli(database_url, tmp_path)
+    assert result.returncode == 0 and "audit: ok" in result.stdout, result.stdout + result.stderr
+
+
+def _post_quietly(url: str, body: dict[str, object], headers: dict[str, str]) -> None:
+    with contextlib.suppress(httpx.TransportError):  # its replica was killed
+        httpx.post(url, json=body, headers=headers, timeout=120)
