@@ -38,6 +38,10 @@ def _check(response: httpx.Response | object) -> None:
     [
         ("/v1/chat/completions", "POST", GenerationMode.POSITIVE),
         ("/v1/chat/completions", "POST", GenerationMode.NEGATIVE),
+        ("/v1/responses", "POST", GenerationMode.POSITIVE),
+        ("/v1/responses", "POST", GenerationMode.NEGATIVE),
+        ("/v1/responses/{response_id}", "GET", GenerationMode.POSITIVE),
+        ("/v1/responses/{response_id}", "DELETE", GenerationMode.POSITIVE),
         ("/v1/models/{model_id}", "GET", GenerationMode.POSITIVE),  # any string is a valid id
         ("/v1/models", "GET", GenerationMode.POSITIVE),
         ("/v1/key", "GET", GenerationMode.POSITIVE),
