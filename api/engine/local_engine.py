@@ -172,6 +172,11 @@ class LocalEngine(EngineClient):
     ) -> list[int]:
         if (tools or any(m.tool_calls for m in messages)) and not self.chat_template.renders_tools:
             raise ToolsUnsupported(f"the chat template of {self.model_id} does not render tools")
+        if tools and self._tool_format is None:  # calls could be neither read nor enforced
+            raise ToolsUnsupported(
+                f"the chat template of {self.model_id} writes tool calls in a syntax this "
+                "service does not read (it reads Hermes/Qwen2.5, Llama 3 and Mistral's)"
+            )
         return self.tokenizer.encode(self.chat_template.render(messages, tools=tools))
 
     def fingerprint(self) -> str:

@@ -280,12 +280,17 @@ def test_an_omitted_max_tokens_is_capped_to_the_room_left(client: openai.OpenAI)
 def test_a_model_whose_template_shows_no_tools_refuses_them(
     start_server, api_key: str, make_client, tmp_path
 ) -> None:
-    plain = tmp_path / "plain"
-    shutil.copytree(DEMO_MODEL, plain)
-    (plain / "chat_template.jinja").write_text(CHATML_TEMPLATE)
-    client = make_client(start_server(models=f"plain={plain}"), api_key)
-    with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model="plain", messages=ASK, tools=[WEATHER])
-    assert error.value.body["param"] == "tools"
+    """Neither a template without tools nor one whose call syntax is unknown here (calls could
+    be neither read nor enforced) takes them."""
+    plain, odd = tmp_path / "plain", tmp_path / "odd"
+    for path, template in ((plain, ""), (odd, "{% if tools %}<<functions>>{% endif %}")):
+        shutil.copytree(DEMO_MODEL, path)
+        (path / "chat_template.jinja").write_text(template + CHATML_TEMPLATE)
+    server = start_server(models=f"plain={plain},odd={odd}")
+    client = make_client(server, api_key)
+    for model in ("plain", "odd"):
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER])
+        assert error.value.body["param"] == "tools"
     answer = client.chat.completions.create(model="plain", messages=ASK, max_tokens=3)
     assert answer.choices[0].message.tool_calls is None
