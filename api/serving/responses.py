@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio import to_thread
 from sqlalchemy import Engine
+from sqlmodel import Session
 
 from api.engine.protocol import GenerationOutput
 from api.errors import (
@@ -57,6 +58,7 @@ from billing import responses as stored
 from billing.db import session_scope
 
 logger = logging.getLogger("tokenshop.api")
+T = TypeVar("T")
 
 
 @dataclass
@@ -79,15 +81,14 @@ class ResponsesService:
     async def prepare(self, request: ResponsesRequest, account_id: int) -> PreparedResponse:
         refuse_unsupported(request)
         history: list[dict[str, Any]] = []
-        if request.previous_response_id is not None:
-            row = await self._read(
-                lambda s: stored.find(
-                    session=s, account_id=account_id, response_id=request.previous_response_id
-                )
+        previous = request.previous_response_id
+        if previous is not None:
+            row = await self._run(
+                lambda s: stored.find(session=s, account_id=account_id, response_id=previous)
             )
             if row is None:
                 raise invalid_request(
-                    f"Previous response with id '{request.previous_response_id}' not found.",
+                    f"Previous response with id '{previous}' not found.",
                     "previous_response_id",
                     "previous_response_not_found",
                 )
@@ -259,7 +260,7 @@ class ResponsesService:
         body = response.model_dump_json()
         account_id = prepared.chat.account_id
         try:
-            await self._write(
+            await self._run(
                 lambda s: stored.save(
                     session=s,
                     account_id=account_id,
@@ -273,7 +274,7 @@ class ResponsesService:
 
     async def retrieve(self, response_id: str, account_id: int) -> str:
         """The stored response's JSON as it was sent; another account's id is not found."""
-        row = await self._read(
+        row = await self._run(
             lambda s: stored.find(session=s, account_id=account_id, response_id=response_id)
         )
         if row is None:
@@ -281,7 +282,7 @@ class ResponsesService:
         return row.response
 
     async def delete(self, response_id: str, account_id: int) -> None:
-        removed = await self._write(
+        removed = await self._run(
             lambda s: stored.remove(session=s, account_id=account_id, response_id=response_id)
         )
         if not removed:
@@ -289,7 +290,7 @@ class ResponsesService:
 
     async def forget_expired(self) -> int:
         before = datetime.now(UTC) - timedelta(days=self.settings.responses_retention_days)
-        return await self._write(lambda s: stored.forget_older_than(session=s, before=before))
+        return await self._run(lambda s: stored.forget_older_than(session=s, before=before))
 
     async def forget_forever(self, every: float) -> None:
         """The retention loop of the lifespan: idempotent, so every replica may run it."""
@@ -304,15 +305,14 @@ class ResponsesService:
                 logger.exception("could not delete old responses")
             await asyncio.sleep(every)
 
-    async def _read(self, work: Any) -> Any:
-        return await to_thread.run_sync(self._in_transaction, work)
+    async def _run(self, work: Callable[[Session], T]) -> T:
+        """One short transaction in a worker thread, as `Books` runs billing's."""
 
-    async def _write(self, work: Any) -> Any:
-        return await to_thread.run_sync(self._in_transaction, work)
+        def run() -> T:
+            with session_scope(self.db) as session:
+                return work(session)
 
-    def _in_transaction(self, work: Any) -> Any:
-        with session_scope(self.db) as session:
-            return work(session)
+        return await to_thread.run_sync(run)
 
 
 def response_not_found(response_id: str) -> OpenAIError:
