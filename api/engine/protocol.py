@@ -168,6 +168,10 @@ class EngineClient(ABC):
     model_id: str
     context_length: int
     created: int  # unix time the model was loaded, shown by /v1/models
+    # True where `encode_chat` gives an upper bound of the prompt's length, not its tokens (an
+    # upstream without a local tokenizer): the hold takes it, the context check is left to the
+    # engine, which knows the real count.
+    prompt_is_bound: bool = False
 
     @abstractmethod
     def encode_chat(

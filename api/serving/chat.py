@@ -176,10 +176,10 @@ class ChatService:
         if plan.constraint is not None:  # a schema llguidance cannot take is a 400, before the hold
             await engine.check_constraint(plan.constraint)
         prompt = len(prompt_ids)
-        if prompt >= engine.context_length:
+        if prompt >= engine.context_length and not engine.prompt_is_bound:
             raise ContextLengthExceeded(prompt, engine.context_length)
         n = request.n
-        room = engine.context_length - prompt
+        room = engine.context_length - (0 if engine.prompt_is_bound else prompt)
         max_new = requests.requested_max_tokens(
             request, self.settings.default_max_tokens, room=room
         )

@@ -398,3 +398,16 @@ def test_response_format_goes_upstream_as_written_and_tools_are_refused_there(
         client.chat.completions.create(model="big", messages=HELLO, max_tokens=2, tools=[tool])
     assert refused.value.body["param"] == "tools"
     assert (balance(engine).held, open_holds(engine)) == (0, 0)
+
+
+def test_a_prompt_held_at_its_bound_is_billed_the_upstreams_count_and_not_refused_here(
+    fakes, serve, api_key, make_client, engine
+):
+    # 6,000 bytes against the upstream's 4,096-token context: only the upstream can tell
+    long = [{"role": "user", "content": "hello " * 1000}]
+    server = serve(fakes().base_url)
+    answer = make_client(server, api_key).chat.completions.create(
+        model="big", messages=long, max_tokens=3
+    )
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (1004, 3)
+    assert -entry(engine, answer.id).amount == 1007

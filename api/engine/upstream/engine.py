@@ -51,7 +51,7 @@ from api.engine.upstream.config import DEFAULT_CONTEXT_LENGTH, UpstreamConfig, U
 logger = logging.getLogger("tokenshop.upstream")
 
 # Statuses that say "this upstream cannot take it now", not "this request is wrong".
-_RETRY_STATUSES = {401, 403, 408, 409, 429}
+_RETRY_STATUSES = {401, 403, 408, 429}
 _REJECT_AS_400 = {422}
 
 
@@ -77,6 +77,7 @@ class UpstreamEngine(EngineClient):
         self.chat_template: ChatTemplate | None = None
         if config.tokenizer is not None:
             self.tokenizer, self.chat_template = _load_tokenizer(config)
+        self.prompt_is_bound = self.tokenizer is None
         self._client: httpx.AsyncClient | None = None
         self._health: asyncio.Task[None] | None = None
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
@@ -380,6 +381,13 @@ class _Tally:
         if piece.prompt_tokens is not None and piece.completion_tokens is not None:
             self.reported_prompt = piece.prompt_tokens
             self.reported_completion = piece.completion_tokens
+            if piece.prompt_tokens > len(self.request.prompt_token_ids):
+                logger.warning(  # the hold cannot cover it; the bill is the hold's count
+                    "upstream counted %d prompt tokens for %s, more than the %d held",
+                    piece.prompt_tokens,
+                    self.request.request_id,
+                    len(self.request.prompt_token_ids),
+                )
         if piece.text or piece.logprobs:
             self.counted += self._count(piece)
         if piece.finish_reason:
