@@ -175,6 +175,15 @@ async def _follow_up(
     elif result.outcome == "refunded":
         logger.warning("reconciliation reversed refunded charge %s", charge.charge_id)
         report.refunded.append(charge.charge_id)
+        if result.purchase is not None and result.purchase.refund_shortfall:
+            # refunded outside the bot after its tokens were spent: the operators should know
+            problem = (
+                f"charge {charge.charge_id} of user {charge.telegram_id} was refunded outside "
+                f"the bot; {result.purchase.refund_shortfall} of its {result.purchase.tokens} "
+                "tokens had already been used and stay used"
+            )
+            report.problems.append(problem)
+            report.problem_charges[problem] = charge.charge_id
 
 
 async def notices_job(context: ContextTypes.DEFAULT_TYPE) -> None:

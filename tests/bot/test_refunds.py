@@ -3,35 +3,19 @@ refunded_payment update, and /paysupport, where a buyer finds the charge id to q
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, select
+from telegram.ext import Application
 
 from billing import ledger
-from billing.db import session_scope
 from billing.models import LedgerEntry, Purchase
-from tests.bot.double import FakeTelegram, TelegramUser, star_refund
+from bot.jobs import reconcile_star_transactions
+from tests.bot.double import FakeTelegram, TelegramUser, star_payment, star_refund
 from tests.bot.stories import account_of, buy_pack, confirm_refund
+from tests.factories import bill_request
 
 pytestmark = pytest.mark.anyio
-
-
-def spend(engine: Engine, account_id: int, request_id: str, tokens: int) -> None:
-    """What the API does for a request that used `tokens`."""
-    with session_scope(engine) as session:
-        ledger.hold(
-            session=session,
-            account_id=account_id,
-            request_id=request_id,
-            min_tokens=tokens,
-            max_tokens=tokens,
-            ttl=timedelta(minutes=5),
-            model="demo",
-        )
-    with session_scope(engine) as session:
-        ledger.settle(session=session, hold_id=request_id, cost=tokens, prompt_tokens=tokens)
 
 
 def purchase(session: Session, charge_id: str) -> Purchase:
@@ -149,7 +133,7 @@ async def test_refund_shows_what_is_spent_before_anything_is_refunded(
     account_id = account_of(session, alice).id
     assert account_id is not None
     session.rollback()
-    spend(engine, account_id, "req-spent", 30_000)
+    bill_request(engine, account_id, "req-spent", cost=30_000)
 
     await operator.send("/refund charge-spent")
 
@@ -214,7 +198,7 @@ async def test_a_refund_made_outside_the_bot_that_finds_tokens_spent_alerts_the_
     account_id = account_of(session, alice).id
     assert account_id is not None
     session.rollback()
-    spend(engine, account_id, "req-outside", 40_000)
+    bill_request(engine, account_id, "req-outside", cost=40_000)
 
     await alice.refunded(invoice.payload, invoice.amount, "charge-outside")
 
@@ -223,3 +207,34 @@ async def test_a_refund_made_outside_the_bot_that_finds_tokens_spent_alerts_the_
     assert "charge-outside" in alert and "40,000 of its tokens had already been used" in alert
     assert purchase(session, "charge-outside").refund_shortfall == 40_000
     assert ledger.audit(session=session) == []
+
+
+async def test_reconciliation_alerts_the_operators_to_an_outside_refund_of_spent_tokens(
+    shop_bot: Application,  # type: ignore[type-arg]
+    alice: TelegramUser,
+    operator: TelegramUser,
+    telegram: FakeTelegram,
+    session: Session,
+    engine: Engine,
+) -> None:
+    """The refunded_payment update was lost; reconciliation reverses the purchase and, the
+    tokens being partly spent, tells the operators."""
+    invoice = await buy_pack(alice, telegram, charge_id="charge-quiet")
+    account_id = account_of(session, alice).id
+    assert account_id is not None
+    session.rollback()
+    bill_request(engine, account_id, "req-quiet", cost=60_000)
+    telegram.star_transactions.extend(
+        [
+            star_payment("charge-quiet", alice, invoice.amount, invoice.payload),
+            star_refund("charge-quiet", alice, invoice.amount),
+        ]
+    )
+
+    report = await reconcile_star_transactions(shop_bot)
+
+    assert report.refunded == ["charge-quiet"]
+    alert = telegram.last_text_to(operator.id)
+    assert "charge charge-quiet of user 100001 was refunded outside the bot" in alert
+    assert "60000 of its 100000 tokens had already been used" in alert
+    assert purchase(session, "charge-quiet").refund_shortfall == 60_000
