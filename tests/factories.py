@@ -59,11 +59,19 @@ def make_purchase(
 
 
 def bill_request(
-    engine: Engine, account_id: int, request_id: str, *, cost: int, hold: int | None = None
+    engine: Engine,
+    account_id: int,
+    request_id: str,
+    *,
+    cost: int,
+    hold: int | None = None,
+    model: str = "demo",
+    prompt_tokens: int | None = None,
+    completion_tokens: int = 0,
 ) -> None:
-    """What the API process does for one request of the model "demo": hold `hold` tokens (`cost`
-    by default), then settle `cost` of them, each in its own transaction; cost 0 leaves the
-    request running."""
+    """What the API process does for one request to `model`: hold `hold` tokens (`cost` by
+    default), then settle `cost` (all of it prompt tokens unless told otherwise), each in its own
+    transaction, as the API commits them. Cost 0 leaves the request running."""
     with session_scope(engine) as session:
         ledger.hold(
             session=session,
@@ -72,8 +80,14 @@ def bill_request(
             min_tokens=1,
             max_tokens=hold or cost,
             ttl=timedelta(minutes=5),
-            model="demo",
+            model=model,
         )
     if cost:
         with session_scope(engine) as session:
-            ledger.settle(session=session, hold_id=request_id, cost=cost, prompt_tokens=cost)
+            ledger.settle(
+                session=session,
+                hold_id=request_id,
+                cost=cost,
+                prompt_tokens=cost if prompt_tokens is None else prompt_tokens,
+                completion_tokens=completion_tokens,
+            )

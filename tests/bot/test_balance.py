@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from billing import ledger
-from billing.db import session_scope
 from tests.bot.double import FakeTelegram, TelegramUser
 from tests.bot.stories import account_of, buttons, buy_pack
 from tests.factories import bill_request
@@ -51,24 +48,6 @@ async def test_a_new_buyer_has_an_empty_balance_and_no_history(
     assert "Баланс пуст" in text
 
 
-def api_request_on(engine: Engine, account_id: int, request_id: str, model: str) -> None:
-    """One finished request to `model`: 7 prompt and 3 completion tokens, billed at price 2."""
-    with session_scope(engine) as session:
-        ledger.hold(
-            session=session,
-            account_id=account_id,
-            request_id=request_id,
-            min_tokens=20,
-            max_tokens=20,
-            ttl=timedelta(minutes=5),
-            model=model,
-        )
-    with session_scope(engine) as session:
-        ledger.settle(
-            session=session, hold_id=request_id, cost=20, prompt_tokens=7, completion_tokens=3
-        )
-
-
 async def test_usage_by_day_and_model_pages_and_exports_as_csv(
     alice: TelegramUser, telegram: FakeTelegram, engine: Engine, session: Session
 ) -> None:
@@ -77,9 +56,26 @@ async def test_usage_by_day_and_model_pages_and_exports_as_csv(
     assert account_id is not None
     session.rollback()
     models = [f"model-{n:02d}" for n in range(12)]
+    # each request: 7 prompt and 3 completion tokens, billed at price 2
     for n, model in enumerate(models):
-        api_request_on(engine, account_id, f"req-{n}", model)
-    api_request_on(engine, account_id, "req-again", "model-00")
+        bill_request(
+            engine,
+            account_id,
+            f"req-{n}",
+            cost=20,
+            model=model,
+            prompt_tokens=7,
+            completion_tokens=3,
+        )
+    bill_request(
+        engine,
+        account_id,
+        "req-again",
+        cost=20,
+        model="model-00",
+        prompt_tokens=7,
+        completion_tokens=3,
+    )
 
     await alice.send("/balance")
 
