@@ -22,7 +22,7 @@ from sqlmodel import Session, col, select
 
 from billing.db import reading
 from billing.models import Account, Hold
-from tests.api.replicas import Replica, audit_cli, replicas, tokenshop
+from tests.api.replicas import Replica, audit_cli, replicas, start, stop, tokenshop, wait_ready
 from tests.factories import make_account, make_key
 from tests.faults import poll
 
@@ -280,3 +280,35 @@ def test_a_retry_takes_over_the_idempotency_key_of_a_replica_that_died(
 def _post_quietly(url: str, body: dict[str, object], headers: dict[str, str]) -> None:
     with contextlib.suppress(httpx.TransportError):  # its replica was killed
         httpx.post(url, json=body, headers=headers, timeout=120)
+
+
+def test_a_replica_restarted_under_its_name_settles_what_it_left_before_it_serves(
+    engine: Engine, database_url: str, secret_key: bytes, tmp_path: Path
+) -> None:
+    """Neither its lease (10 minutes here) nor its holds' expiry (5) has run out: the restart
+    under the same INSTANCE_NAME is what frees them, before /ready says 200."""
+    key, account_id = funded_key(engine, secret_key)
+    settings = {"CHECKPOINT_SECONDS": "0.5", "LEASE_SECONDS": "600"}
+    first = start(database_url, tmp_path, "web.1", **settings)
+    try:
+        wait_ready(first)
+        stream = Stream(first, key)
+        stream.start()
+        poll(
+            lambda: stream.received > 5 and _checkpointed(engine) == 1,
+            within=60,
+            what="the stream generating and checkpointed",
+        )
+        first.kill()
+        (left,) = [hold for hold in _holds(engine) if hold.state == "held"]
+    finally:
+        stop(first)
+
+    again = start(database_url, tmp_path, "web.1", **settings)
+    try:
+        wait_ready(again)
+        (hold,) = _holds(engine)
+        assert hold.id == left.id and hold.state == "settled" and hold.used >= left.used > 0
+        assert open_holds(engine, account_id) == 0
+    finally:
+        stop(again)
