@@ -83,7 +83,8 @@ TEXTS: dict[str, str] = {
         "\n"
         "We store your Telegram id, name and language, your payments and your token "
         "usage (time, model, token counts). We do not store the text of your requests "
-        "or of the answers. Your API key is not stored either: only a hash of it.\n"
+        "or of the answers. Your API keys are not stored either: only a hash of each. "
+        "Messages you write to support, and the answers, are kept with your account.\n"
         "To have your data deleted, write via /paysupport."
     ),
     # Buying.
