@@ -43,6 +43,11 @@ bot: migrate
 test: $(VENV)/.dev-installed $(OPS_LIBRARY)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Everything but the tests marked slow (real model exports, the ledger model, long load runs,
+# builds); CI runs `make test`, all of them.
+test-fast: $(VENV)/.dev-installed $(OPS_LIBRARY)
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
 # lint-imports checks who may import whom: the contracts under [tool.importlinter] in pyproject.
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check api bot billing tokenshop tests bench

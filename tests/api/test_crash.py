@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
@@ -148,6 +149,7 @@ def audit_cli(database_url: str, workdir: Path) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.slow  # two server processes, one killed mid-stream
 def test_a_killed_server_leaves_nothing_open_after_a_restart(
     engine: Engine, database_url: str, secret_key: bytes, tmp_path: Path
 ) -> None:

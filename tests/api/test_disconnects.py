@@ -183,6 +183,7 @@ def usage_entries(db: Engine, chat_ids: list[str]) -> dict[str, list[LedgerEntry
         return found
 
 
+@pytest.mark.slow  # waves of clients hanging up mid-stream: tens of seconds
 async def test_clients_that_hang_up_stop_generation_and_pay_for_what_was_generated(
     start_server, make_funded_key, engine
 ) -> None:

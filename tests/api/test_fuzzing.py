@@ -33,6 +33,7 @@ def _check(response: httpx.Response | object) -> None:
         assert isinstance(body["error"]["message"], str)
 
 
+@pytest.mark.slow  # hundreds of generated requests per endpoint: a minute each on 2 cores
 @pytest.mark.parametrize(
     ("path", "method", "mode"),
     [

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import anyio
+import pytest
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
@@ -23,6 +24,7 @@ FUNDS = 200_000
 SHARED = 4  # the last SHARED clients share one key, limited to 2 at a time: deliberate 429s
 
 
+@pytest.mark.slow  # 96 streamed requests from 16 clients
 def test_sixteen_streaming_clients_are_served_and_billed_exactly_what_they_were_told(
     start_server, make_funded_key, engine
 ):

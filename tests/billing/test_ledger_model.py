@@ -354,6 +354,7 @@ def books_machine(
 
 # Bounded by the number of examples, not by time: about 0.2 s each on SQLite and 0.5 s on
 # PostgreSQL on a busy 2-core machine, so the suite's 600 s would cut a long run short.
+@pytest.mark.slow  # 1,000 examples: minutes
 @pytest.mark.timeout(max(600, 2 * EXAMPLES))
 def test_random_sequences_of_operations_keep_the_books_balanced(
     engine: Engine, database_url: str, secret_key: bytes, pool: ThreadPoolExecutor

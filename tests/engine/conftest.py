@@ -47,6 +47,17 @@ def load_make_demo() -> ModuleType:
     return module
 
 
+# Fixtures that export a model with optimum-onnx (seconds each): the tests that use them, directly
+# or through another fixture, are slow, left out of `make test-fast` and run by `make test`.
+EXPORTING_FIXTURES = {"tiny_exports", "tied_export", "int4_export"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 class TinyExport:
     """A tiny model exported to ONNX, with its PyTorch original for comparisons."""
 

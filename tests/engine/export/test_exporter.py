@@ -23,6 +23,7 @@ def transformers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantize", [None, "int8"])
 @pytest.mark.anyio
 async def test_export_then_serve(transformers_dir: Path, tmp_path: Path, quantize) -> None:
@@ -44,6 +45,7 @@ async def test_export_then_serve(transformers_dir: Path, tmp_path: Path, quantiz
     assert outputs[-1].completion_tokens == 5
 
 
+@pytest.mark.slow
 def test_int8_export_is_smaller(transformers_dir: Path, tmp_path: Path) -> None:
     plain = export_model(str(transformers_dir), tmp_path / "fp32")
     int8 = export_model(str(transformers_dir), tmp_path / "int8", quantize="int8")

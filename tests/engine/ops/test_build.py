@@ -22,12 +22,17 @@ def test_without_a_compiler_the_build_says_why_and_serving_goes_on(
     monkeypatch.setenv(ops_build.REQUIRE_ENV, "1")
     assert main([]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [
-        "ops library not built: no C compiler ($CC, cc or gcc) to build our ops; "
-        "serving uses ONNX Runtime's kernels"
-    ] * 3
+    assert (
+        lines
+        == [
+            "ops library not built: no C compiler ($CC, cc or gcc) to build our ops; "
+            "serving uses ONNX Runtime's kernels"
+        ]
+        * 3
+    )
 
 
+@pytest.mark.slow  # compiles every op: minutes on 2 cores
 def test_the_library_builds_from_the_vendored_header_alone(tmp_path: Path) -> None:
     """Only a C compiler is needed: ONNX Runtime's C header ships with our sources."""
     library = build(tmp_path / "libtokenshop_ops.so")
