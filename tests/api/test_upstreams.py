@@ -411,3 +411,17 @@ def test_a_prompt_held_at_its_bound_is_billed_the_upstreams_count_and_not_refuse
     )
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (1004, 3)
     assert -entry(engine, answer.id).amount == 1007
+
+
+def test_n_choices_are_n_upstream_requests_billed_for_one_prompt(
+    fakes, serve, api_key, make_client, engine
+):
+    upstream = fakes()
+    answer = make_client(serve(upstream.base_url), api_key).chat.completions.create(
+        model="big", messages=HELLO, max_tokens=3, n=2, seed=40
+    )
+    assert [c.message.content for c in answer.choices] == ["w0 w1 w2", "w0 w1 w2"]
+    assert upstream.state()["started"] == 2
+    assert upstream.state()["last_body"]["seed"] in (40, 41)  # seed + choice index
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (UPSTREAM_PROMPT, 6)
+    assert -entry(engine, answer.id).amount == UPSTREAM_PROMPT + 6
