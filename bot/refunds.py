@@ -17,7 +17,7 @@ from sqlmodel import Session
 from telegram import Bot, StarTransaction, TransactionPartnerUser
 from telegram.error import NetworkError, TelegramError, TimedOut
 
-from billing import stray_charges
+from billing import job_state, stray_charges
 from bot.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -35,18 +35,18 @@ class Attempt:
     error: str | None = None
 
 
-async def pay_back(bot: Bot, telegram_id: int, charge_id: str) -> Attempt:
+async def pay_back(bot: Bot, shop: Runtime, telegram_id: int, charge_id: str) -> Attempt:
     """Ask Telegram to refund a charge; "refunded" only when the Stars are back with the buyer."""
     try:
         await bot.refund_star_payment(telegram_id, charge_id)
     except TimedOut:
         logger.warning("refund of %s timed out; asking Telegram what happened", charge_id)
-        return await _settle_unknown(bot, charge_id, "Telegram did not answer in time")
+        return await _settle_unknown(bot, shop, charge_id, "Telegram did not answer in time")
     except NetworkError as error:  # the request may have reached Telegram
         if _already_refunded(error):
             return Attempt("refunded")
         if error.__class__ is NetworkError:
-            return await _settle_unknown(bot, charge_id, error.message)
+            return await _settle_unknown(bot, shop, charge_id, error.message)
         return Attempt("refused", error.message)  # BadRequest, Forbidden: refused as sent
     except TelegramError as error:
         if _already_refunded(error):
@@ -61,10 +61,11 @@ def _already_refunded(error: TelegramError) -> bool:
     return ALREADY_REFUNDED.lower() in error.message.lower()
 
 
-async def refund_listed(bot: Bot, charge_id: str) -> bool | None:
-    """Whether Telegram lists a refund of this charge; None when it cannot be asked now."""
+async def refund_listed(bot: Bot, charge_id: str, start: int = 0) -> bool | None:
+    """Whether Telegram lists a refund of this charge (looking from transaction `start` on);
+    None when it cannot be asked now."""
     try:
-        found = await _find(bot, charge_id, refund=True)
+        found = await _find(bot, charge_id, refund=True, start=start)
     except TelegramError:
         logger.warning("could not list Star transactions to check %s", charge_id, exc_info=True)
         return None
@@ -81,8 +82,10 @@ async def find_payment(bot: Bot, charge_id: str) -> StarTransaction | None:
         return None
 
 
-async def _find(bot: Bot, charge_id: str, *, refund: bool) -> StarTransaction | None:
-    offset = 0
+async def _find(
+    bot: Bot, charge_id: str, *, refund: bool, start: int = 0
+) -> StarTransaction | None:
+    offset = start
     for _ in range(MAX_PAGES):
         page = await bot.get_star_transactions(offset=offset, limit=PAGE)
         for tx in page.transactions:
@@ -95,8 +98,16 @@ async def _find(bot: Bot, charge_id: str, *, refund: bool) -> StarTransaction | 
     return None
 
 
-async def _settle_unknown(bot: Bot, charge_id: str, error: str) -> Attempt:
-    listed = await refund_listed(bot, charge_id)
+async def _settle_unknown(bot: Bot, shop: Runtime, charge_id: str, error: str) -> Attempt:
+    """A refund made just now is among the newest transactions: look from a page before where
+    reconciliation has read up to."""
+    from bot.jobs import RECONCILE  # bot.jobs imports the payment handlers, which import this
+
+    def position(session: Session) -> int:
+        return job_state.position(session=session, job=RECONCILE)
+
+    start = max(0, await shop.read(position) - PAGE)
+    listed = await refund_listed(bot, charge_id, start)
     if listed:
         return Attempt("refunded")
     return Attempt("unknown", error)
@@ -111,7 +122,7 @@ async def refund_stray(bot: Bot, shop: Runtime, charge_id: str, telegram_id: int
 
     if not await shop.run(claim):
         return Attempt("busy")
-    attempt = await pay_back(bot, telegram_id, charge_id)
+    attempt = await pay_back(bot, shop, telegram_id, charge_id)
 
     def record(session: Session) -> None:
         if attempt.outcome == "refunded":

@@ -139,7 +139,7 @@ async def on_refund_action(update: Update, context: ContextTypes.DEFAULT_TYPE) -
     if found.purchase.refunded_at is not None:
         await query.edit_message_text(t(language, "refund_already", charge_id=charge_id))
         return
-    attempt = await pay_back(context.bot, found.telegram_id, charge_id)
+    attempt = await pay_back(context.bot, shop, found.telegram_id, charge_id)
     if attempt.outcome == "refused":
         logger.warning("Telegram refused to refund %s: %s", charge_id, attempt.error)
         await query.edit_message_text(

@@ -61,7 +61,7 @@ async def on_claim(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         await query.edit_message_text(t(language, "claim_already", charge_id=charge_id))
         return
     if check.automatic and shop.settings.refund_automatically:
-        attempt = await pay_back(context.bot, update.effective_user.id, charge_id)
+        attempt = await pay_back(context.bot, shop, update.effective_user.id, charge_id)
         if attempt.outcome == "refunded":
 
             def reverse(session: Session) -> ledger.RefundResult:
