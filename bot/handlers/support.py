@@ -10,6 +10,7 @@ operator's reply to it (Telegram's reply) goes back to the buyer. It works witho
 from __future__ import annotations
 
 import logging
+import re
 from datetime import timedelta
 
 from sqlmodel import Session
@@ -143,7 +144,18 @@ async def ask(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
 
 
 def _is_prompt(text: str | None) -> bool:
-    return text is not None and text in {plain(code, "support_prompt") for code in LANGUAGES}
+    """The support prompt, or an operator's answer (a reply to it continues the thread)."""
+    if text is None:
+        return False
+    answers = {_plain_html(plain(code, "support_reply", text="")) for code in LANGUAGES}
+    return text in {plain(code, "support_prompt") for code in LANGUAGES} or any(
+        text.startswith(answer) for answer in answers
+    )
+
+
+def _plain_html(text: str) -> str:
+    """A text as the client shows it (and sends it back in reply_to_message): tags removed."""
+    return re.sub(r"<[^>]+>", "", text)
 
 
 async def on_reply(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:

@@ -83,3 +83,18 @@ def test_production_refuses_to_start_without_operators(bot_settings: BotSettings
     }
     with pytest.raises(ValidationError, match="ADMIN_TELEGRAM_IDS is required in production"):
         BotSettings(_env_file=None, **fields)  # type: ignore[call-arg]
+
+
+async def test_a_reply_to_the_operators_answer_continues_the_thread(
+    alice: TelegramUser, operator: TelegramUser, telegram: FakeTelegram, session: Session
+) -> None:
+    await alice.send("/paysupport Is the pro pack monthly?")
+    await operator.send("No, tokens never expire.", reply_to=telegram.sent_to(operator.id)[-1])
+    answer = telegram.sent_to(alice.id)[-1]
+
+    await alice.send("Thanks! And can I pay in another currency?", reply_to=answer)
+
+    assert "can I pay in another currency?" in telegram.last_text_to(operator.id)
+    assert [text for _, text in messages(session)][-1] == (
+        "Thanks! And can I pay in another currency?"
+    )
