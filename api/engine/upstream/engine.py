@@ -53,6 +53,7 @@ logger = logging.getLogger("tokenshop.upstream")
 # Statuses that say "this upstream cannot take it now", not "this request is wrong".
 _RETRY_STATUSES = {401, 403, 408, 429}
 _REJECT_AS_400 = {422}
+DRAIN_SECONDS = 0.5  # for the end of a body after `[DONE]`, which servers send at once
 
 
 class _TryNext(Exception):
@@ -330,12 +331,18 @@ class _StreamEnded(Exception):
 
 
 async def _pieces(response: httpx.Response) -> AsyncGenerator[wire.Piece]:
-    """The `data:` events of a stream until `[DONE]`."""
-    async for line in response.aiter_lines():
+    """The `data:` events of a stream until `[DONE]`; the body's end is read too (briefly), so
+    the connection goes back to the pool instead of being closed."""
+    lines = response.aiter_lines()
+    async for line in lines:
         if not line.startswith("data:"):
             continue  # blank lines, comments (keep-alives), `event:` lines
         data = line[5:].strip()
         if data == "[DONE]":
+            with contextlib.suppress(TimeoutError, httpx.TransportError):
+                async with asyncio.timeout(DRAIN_SECONDS):
+                    async for _ in lines:
+                        pass
             return
         yield wire.parse_chunk(data)
 
