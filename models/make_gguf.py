@@ -2,7 +2,7 @@
 upstream tests and `bench/gateway.py`.
 
 The tokenizer is the demo model's (`models/demo/tokenizer.json`, a byte-level BPE with GPT-2's
-pre-tokenizer, which llama.cpp knows as "gpt2"), and so is the chat template (ChatML, ending in
+pre-tokenizer, which llama.cpp knows as "gpt-2"), and so is the chat template (ChatML, ending in
 the EOS `<|im_end|>`), so Tokenshop can count a prompt exactly as the upstream does. The GGUF is
 written directly with `gguf`'s GGUFWriter: with random weights there is nothing to convert.
 
@@ -62,7 +62,7 @@ def make_gguf(
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_file_type(0)  # all float32
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
+    writer.add_tokenizer_pre("gpt-2")  # llama.cpp's name for GPT-2's regex
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
