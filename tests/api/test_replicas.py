@@ -21,7 +21,7 @@ from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
 from billing.db import reading
-from billing.models import Account, Hold
+from billing.models import Account, Hold, IdempotentRequest
 from tests.api.replicas import Replica, audit_cli, replicas, start, stop, tokenshop, wait_ready
 from tests.factories import make_account, make_key
 from tests.faults import poll
@@ -258,6 +258,9 @@ def test_a_retry_takes_over_the_idempotency_key_of_a_replica_that_died(
         asker.start()
         poll(lambda: open_holds(engine, account_id) == 1, within=60, what="the first attempt")
         first.kill()
+        with Session(reading(engine)) as session:  # it died before it could answer
+            (claim,) = session.exec(select(IdempotentRequest)).all()
+            assert claim.status_code is None and claim.owner is not None
 
         answers: list[int] = []
 
