@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1", tags=["responses"])
 async def create_response(
     body: ResponsesRequest, caller: KeyDep, service: ResponsesDep
 ) -> Response:
-    prepared = await service.prepare(body, caller.account_id)
+    prepared = await service.prepare(body, caller.account_id, caller.key_id)
     if body.stream:
         events = await service.start_stream(prepared)
         return StreamingResponse(

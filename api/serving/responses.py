@@ -78,7 +78,9 @@ class ResponsesService:
         self.db = db
         self.settings = settings
 
-    async def prepare(self, request: ResponsesRequest, account_id: int) -> PreparedResponse:
+    async def prepare(
+        self, request: ResponsesRequest, account_id: int, key_id: int | None = None
+    ) -> PreparedResponse:
         refuse_unsupported(request)
         history: list[dict[str, Any]] = []
         previous = request.previous_response_id
@@ -100,7 +102,7 @@ class ResponsesService:
         conversation = history + input_items(request)
         chat_request = to_chat(request, conversation, first_new=len(history))
         try:
-            prepared = await self.chat.prepare(chat_request, account_id)
+            prepared = await self.chat.prepare(chat_request, account_id, key_id)
         except OpenAIError as exc:
             raise renamed(exc) from None
         response_id = "resp_" + prepared.id.removeprefix("chatcmpl-")  # its hold's id, renamed

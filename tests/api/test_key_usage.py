@@ -47,3 +47,21 @@ def test_each_key_reports_its_own_usage_beside_the_accounts(
     assert laptop_info["key_used_tokens"] == spent[0] + spent[1]
     assert (script_info["key_name"], script_info["key_requests"]) == ("script", 1)
     assert script_info["key_used_tokens"] == spent[2]
+
+
+def test_a_responses_api_request_counts_for_its_key(server, make_client, engine, secret_key):
+    with Session(engine, expire_on_commit=False) as writer:
+        account = make_account(writer, tokens=1_000_000)
+        assert account.id is not None
+        _, key = keys.create_key(
+            session=writer, account_id=account.id, secret_key=secret_key, name="agent"
+        )
+        writer.commit()
+
+    response = make_client(server, key).responses.create(
+        model="demo", input="hello", max_output_tokens=16
+    )
+
+    info = httpx.get(f"{server.base_url}/key", headers={"Authorization": f"Bearer {key}"}).json()
+    assert (info["key_name"], info["key_requests"]) == ("agent", 1)
+    assert info["key_used_tokens"] == response.usage.total_tokens == info["used_tokens"]
