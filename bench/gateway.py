@@ -1,0 +1,307 @@
+"""What Tokenshop costs in front of an upstream: the same llama.cpp server streamed direct and
+through Tokenshop's API in one run, alternating, so both see the same machine.
+
+    .venv/bin/python bench/gateway.py [--tokens 256 --rounds 3 --hidden 512 --layers 8]
+
+It builds a random-weight GGUF (models/make_gguf.py, the demo tokenizer), starts llama-cpp-python's
+server on it (`--interrupt_requests False`, one thread) and `tokenshop serve` with a models file
+naming it (tokenizer configured: that server's streams carry no usage), then measures, at 1 and
+8 concurrent streams: streamed tokens/s (all streams' tokens over the batch's wall time), time to
+the first token (1 stream), and the API process's CPU per streamed token (/proc utime+stime).
+llama-cpp-python serves one request at a time, so 8 streams queue there, direct and through
+alike. Writes bench/results/<date>-gateway-<host>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import re
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httptools
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.load import fund_keys  # noqa: E402
+from models.make_gguf import make_gguf  # noqa: E402
+
+CONTENT = re.compile(rb'"content": ?"[^"]')  # a delta with text, in either server's spacing
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Stream:
+    sent: float = 0.0
+    first: float = 0.0
+    last: float = 0.0
+    tokens: int = 0
+    status: int = 0
+    body: bytes = b""
+
+
+class _Reader(asyncio.Protocol):
+    """httptools parses the response; each SSE event with text counts as one token."""
+
+    def __init__(self, done: asyncio.Future[None], stream: Stream) -> None:
+        self.done, self.stream = done, stream
+        self.parser = httptools.HttpResponseParser(self)
+        self.pending = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_headers_complete(self) -> None:
+        self.stream.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        now = time.perf_counter()
+        if self.stream.status != 200:
+            self.stream.body += body
+            return
+        *events, self.pending = (self.pending + body).split(b"\n\n")
+        for event in events:
+            if CONTENT.search(event):
+                self.stream.tokens += 1
+                self.stream.first = self.stream.first or now
+                self.stream.last = now
+
+    def on_message_complete(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def stream_once(port: int, body: dict[str, Any], key: str | None) -> Stream:
+    payload = json_bytes(body)
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    stream = Stream(sent=time.perf_counter())
+    transport, _ = await loop.create_connection(lambda: _Reader(done, stream), "127.0.0.1", port)
+    try:
+        transport.write(head + payload)
+        await done
+    finally:
+        transport.close()
+    if stream.status != 200:
+        raise RuntimeError(f"HTTP {stream.status}: {stream.body[:300]!r}")
+    return stream
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(body).encode()
+
+
+@dataclass
+class Arm:
+    name: str
+    port: int
+    key: str | None
+    rates: dict[int, list[float]] = field(default_factory=dict)
+    ttft: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+
+async def batch(arm: Arm, streams: int, body: dict[str, Any]) -> None:
+    started = time.perf_counter()
+    results = await asyncio.gather(*(stream_once(arm.port, body, arm.key) for _ in range(streams)))
+    wall = max(r.last for r in results) - started
+    tokens = sum(r.tokens for r in results)
+    arm.tokens += tokens
+    arm.rates.setdefault(streams, []).append(tokens / wall)
+    if streams == 1:
+        arm.ttft.extend(r.first - r.sent for r in results)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes] | None, within: float = 180) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer")
+
+
+async def measure(args: argparse.Namespace, direct: Arm, gateway: Arm, api_pid: int) -> float:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello there, how are the tokens today?"}],
+        "max_tokens": args.tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    for arm in (direct, gateway):  # warm both paths
+        await batch(arm, 1, body)
+        arm.rates.clear(), arm.ttft.clear()
+        arm.tokens = 0
+    api_cpu = 0.0
+    for _ in range(args.rounds):
+        for streams in (1, 8):
+            await batch(direct, streams, body)
+            before = cpu_seconds(api_pid)
+            await batch(gateway, streams, body)
+            api_cpu += cpu_seconds(api_pid) - before
+    return api_cpu
+
+
+def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) -> str:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    load = os.getloadavg()
+    rows = []
+    for streams in (1, 8):
+        d, g = statistics.median(direct.rates[streams]), statistics.median(gateway.rates[streams])
+        rows.append(f"| {streams} | {d:.1f} | {g:.1f} | {g / d:.3f} |")
+    d50, g50 = statistics.median(direct.ttft), statistics.median(gateway.ttft)
+    per_token = api_cpu / gateway.tokens * 1e6
+    return "\n".join(
+        [
+            f"# Gateway overhead: llama.cpp direct against through Tokenshop ({dt.date.today()})",
+            "",
+            f"Commit {commit}; `bench/gateway.py --tokens {args.tokens} --rounds {args.rounds} "
+            f"--hidden {args.hidden} --layers {args.layers}`; {cpu}, {os.cpu_count()} CPUs, load "
+            f"average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} (the host is shared).",
+            "Upstream: llama-cpp-python's server, one thread, a random-weight GGUF of the demo "
+            "tokenizer; Tokenshop: `tokenshop serve`, one worker, SQLite, the models file naming "
+            "that server with `tokenizer = models/demo`. Medians of the rounds; batches alternate.",
+            "",
+            "| streams | direct tok/s | through Tokenshop tok/s | ratio |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            f"Time to first token, 1 stream, p50: direct {d50 * 1000:.1f} ms, through "
+            f"{g50 * 1000:.1f} ms, added {(g50 - d50) * 1000:.1f} ms "
+            f"({len(direct.ttft)} requests each).",
+            "",
+            f"API CPU per streamed token: {per_token:.0f} us ({api_cpu:.2f} s of user+system time "
+            f"for {gateway.tokens} tokens, hold, checkpoints and settlement included).",
+            "",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--upstream", default=None, help="an OpenAI-compatible base URL already running instead"
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tokenshop-gateway-") as tmp:
+        work = Path(tmp)
+        llama: subprocess.Popen[bytes] | None = None
+        if args.upstream:
+            upstream = args.upstream.rstrip("/")
+        else:
+            gguf = make_gguf(
+                work / "tiny.gguf", hidden=args.hidden, layers=args.layers, ffn=args.hidden * 8 // 3
+            )
+            port = free_port()
+            upstream = f"http://127.0.0.1:{port}/v1"
+            llama = subprocess.Popen(
+                [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
+                 "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+                 "--n_threads", "1", "--n_threads_batch", "1",
+                 "--interrupt_requests", "False", "--verbose", "False"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        upstream_port = int(upstream.rsplit(":", 1)[1].split("/")[0])
+        models = work / "models.toml"
+        models.write_text(
+            f'[[model]]\nname = "tiny"\nupstreams = ["{upstream}"]\n'
+            f'tokenizer = "{ROOT / "models" / "demo"}"\n'
+        )
+        database_url = f"sqlite:///{work / 'bench.db'}"
+        secret = secrets.token_urlsafe(48)
+        env = os.environ | {
+            "DATABASE_URL": database_url,
+            "SECRET_KEY": secret,
+            "MODELS_FILE": str(models),
+        }
+        tokenshop = [sys.executable, "-c", "from tokenshop.cli import main; main()"]
+        subprocess.run([*tokenshop, "migrate"], env=env, cwd=ROOT, check=True, capture_output=True)
+        [key] = fund_keys(database_url, secret, 1, 100_000_000)
+        api_port = free_port()
+        api = subprocess.Popen(
+            [*tokenshop, "serve", "--port", str(api_port)],
+            env=env,
+            cwd=work,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(f"{upstream}/models", llama)
+            wait_for(f"http://127.0.0.1:{api_port}/ready", api)
+            direct = Arm("direct", upstream_port, None)
+            gateway = Arm("through Tokenshop", api_port, key)
+            api_cpu = asyncio.run(measure(args, direct, gateway, api.pid))
+        finally:
+            for process in (api, llama):
+                if process is not None:
+                    process.terminate()
+                    process.wait(timeout=30)
+    text = report(args, direct, gateway, api_cpu)
+    print(text)
+    host = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-")[:24]
+    out = args.out or ROOT / "bench" / "results" / f"{dt.date.today()}-gateway-{host}.md"
+    out.write_text(text)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
