@@ -27,7 +27,7 @@ from api.engine.protocol import Constraint
 COMPILED_GRAMMARS = 256  # distinct grammars kept compiled per model (least recently used go)
 # llguidance's thread pool fills rows in parallel where there are cores to spare; on a few cores
 # handing rows to it cost more than it saved, so they are filled in this thread, one by one
-# (bench/results/2026-11-26-constrained-epyc.md).
+# (bench/results/2026-11-26-constrained-epyc-avx2-b93272c.md).
 PARALLEL_FILL_MIN_CPUS = 8
 
 
