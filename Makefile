@@ -44,9 +44,11 @@ test: $(VENV)/.dev-installed $(OPS_LIBRARY)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Everything but the tests marked slow (real model exports, the ledger model, long load runs,
-# builds); CI runs `make test`, all of them.
+# builds); CI runs `make test`, all of them. On SQLite (each test its own file) one pytest-xdist
+# worker per core; on PostgreSQL one process, as its advisory locks span every test's schema.
+FAST_WORKERS := $(if $(TEST_DATABASE_URL),0,auto)
 test-fast: $(VENV)/.dev-installed $(OPS_LIBRARY)
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not slow" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # lint-imports checks who may import whom: the contracts under [tool.importlinter] in pyproject.
 lint: $(VENV)/.dev-installed
