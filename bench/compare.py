@@ -1,30 +1,48 @@
-"""Side by side: our engine (HTTP and direct), a bare ONNX Runtime loop and onnxruntime-genai.
+"""Side by side: our engine (HTTP and direct), a bare ONNX Runtime loop, onnxruntime-genai and
+llama.cpp.
 
     .venv/bin/python bench/compare.py                       # everything (long)
     .venv/bin/python bench/compare.py --precisions int4 --streams 4 --rounds 1 --tokens 16
 
-One command for issue 6's comparison. It builds the random-weight Qwen2.5-0.5B-shaped
-transformers model of `bench/engine.py` once (bench/out/src, git-ignored), exports it with our
-export path in fp32, int8 and int4, builds onnxruntime-genai models (int4 and fp32) from the same
-transformers dir with genai's own model builder in a venv of its own (bench/out/genai-venv, made on
-first use: the builder needs transformers 5, our export stack transformers 4), measures the
-machine's read bandwidth, and then measures every engine x precision:
+One command for issues 6, 31 and 33's comparison. It builds the random-weight
+Qwen2.5-0.5B-shaped transformers model of `bench/engine.py` once (bench/out/src, git-ignored),
+exports it with our export path in fp32, int8 and int4, builds onnxruntime-genai models (int4 and
+fp32) from the same transformers dir with genai's own model builder in a venv of its own
+(bench/out/genai-venv, made on first use: the builder needs transformers 5, our export stack
+transformers 4), converts the same weights to GGUF with the `gguf` package and quantizes them
+with llama.cpp's quantizer (q8_0, q4_0, q4_K_M; f32 for fp32) in llama.cpp's venv
+(bench/out/llamacpp-venv: llama-cpp-python compiled from its sdist for this host's CPU; see
+bench/compare_llamacpp.py), measures the machine's read bandwidth, and then measures every
+engine x precision:
 
-- ours through the real HTTP API: a uvicorn process per precision with the default settings,
-  streamed chat completions (greedy) read by bench/sse_client.py (httptools on raw connections:
-  the client shares the server's cores, and httpx took 3x its CPU per token);
-- ours directly: `LocalEngine` in a worker process (bench/compare_ours.py);
+- ours through the real HTTP API as users install and start it: the checkout's commit
+  (`git archive HEAD`) installed with a plain `pip install` (no extras, not editable) into
+  bench/out/plain-venv (made again when HEAD changes; the install compiles the ops library),
+  started with the Procfile's `web` line by a shell in a dir outside the checkout, one server
+  per precision with the default settings and a graph cache of its own. Each server's `/ready`
+  `serving` field (graph edits, ops, fallbacks) is printed with the results, and the run fails if
+  a model is off the optimized path. Streamed chat completions (greedy) are read by
+  bench/sse_client.py (httptools on raw connections: the client shares the server's cores, and
+  httpx took 3x its CPU per token);
+- ours directly: `LocalEngine` in a worker process (bench/compare_ours.py, the dev venv);
 - a bare ONNX Runtime greedy loop on the graph as exported, in a worker of its own (the floor
   of any loop on that graph);
-- onnxruntime-genai's C++ loop in its venv (bench/compare_genai.py; static batches).
+- onnxruntime-genai's C++ loop in its venv (bench/compare_genai.py; static batches), with the
+  thread setting its docs recommend for CPU: `intra_op_num_threads` = the physical cores, set in
+  the model's session options;
+- llama.cpp (bench/compare_llamacpp.py): threads and batch threads = the physical cores, flash
+  attention on, one context with a KV sequence per stream and every stream in one batch per
+  step, as llama-server's parallel slots (llama-cpp-python's own server serves one request at a
+  time); each quantization is a peer of its own.
 
-Figures: one-stream decode tokens/s (tokens 2..N over the time since token 1); aggregate
-tokens/s for 4, 8, 16 concurrent streams (all tokens over the wall time); time to first token for
-a 512-token prompt, idle and while 8 streams decode, and (ours over HTTP) for the next turn of a
-conversation that began with it; every other HTTP prompt is unique, so none starts from the
-server's prefix cache (the run fails if one does); the peak RSS of the serving process once
-loaded; and the floor, bandwidth / weight bytes read per token (every initializer a node reads,
-an embedding one row; the bandwidth is the median of readings before the rounds and after
+Every peer's settings are printed with the table. Figures: one-stream decode tokens/s (tokens 2..N
+over the time since token 1); aggregate tokens/s for 4, 8, 16 concurrent streams (all tokens over
+the wall time); time to first token for a 512-token prompt, idle and while 8 streams decode, and
+(ours over HTTP) for the next turn of a conversation that began with it; every other HTTP prompt is
+unique, so none starts from the server's prefix cache (the run fails if one does); the peak RSS of
+the serving process once loaded; and the floor, bandwidth / weight bytes read per token (every
+initializer a node reads, an embedding one row; for GGUF every tensor, the tied embedding in
+full as it is the head; the bandwidth is the median of readings before the rounds and after
 each). Each figure is the median over `--rounds` rounds, and the peers are interleaved within
 each round, because this shared 2-core machine drifts by tens of percent over minutes: only
 ratios inside one run mean much. The 8-stream burst runs `BUSY_PAIRS` times a round, each
@@ -47,6 +65,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -67,16 +86,27 @@ from bench.sse_client import SseClient  # noqa: E402
 
 WORK = OUT / "compare"
 GENAI_VENV = OUT / "genai-venv"
+PLAIN_VENV = OUT / "plain-venv"  # `pip install` of the checkout's HEAD, no extras
+PLAIN_SRC = OUT / "plain-src"  # that HEAD's files (`git archive`), which pip installs
+LLAMACPP_VENV = OUT / "llamacpp-venv"
 PLOT = ROOT / "bench" / "compare.png"
 PRECISIONS = ("fp32", "int8", "int4")
 GENAI_PRECISIONS = ("fp32", "int4")  # its builder has int8 for CPU too: left out, runs are long
-ENGINES = ("http", "direct", "bare", "genai")
+# llama.cpp's quantizations beside each of our precisions (f32: the unquantized GGUF).
+LLAMACPP_QUANTS = {"fp32": ("f32",), "int8": ("q8_0",), "int4": ("q4_0", "q4_K_M")}
+ENGINES = ("http", "direct", "bare", "genai", "llamacpp")
 LABELS = {
     "http": "ours, HTTP API",
     "direct": "ours, engine direct",
     "bare": "bare ORT loop",
     "genai": "onnxruntime-genai",
+    "llamacpp": "llama.cpp",
 }
+# llama-cpp-python from its sdist: CMake builds ggml for the CPU it runs on (GGML_NATIVE, the
+# default, named so a cached environment cannot turn it off). pip's cache of wheels it built on
+# this host may serve it; the worker prints the instruction sets the library was built with.
+LLAMACPP_PACKAGES = ("llama-cpp-python", "gguf", "safetensors", "numpy")
+LLAMACPP_CMAKE_ARGS = "-DGGML_NATIVE=ON"
 # What the genai venv needs, installed in this order (torch first, so pip takes the CPU build
 # already named, not another one pulled by transformers).
 GENAI_PACKAGES = (
@@ -84,11 +114,16 @@ GENAI_PACKAGES = (
     ("onnxruntime-genai", "transformers>=5", "onnx", "onnx-ir"),  # the builder imports onnx_ir
 )
 BUSY_STREAMS = 8
+# What a stream decoding in the background of a TTFT measurement asks for: more than it makes
+# before it is cancelled, within the model's context (the API answers 400 past it).
+RUNNING_TOKENS = 8192
 # 8-stream bursts per round and peer, back to back with the other peers' (order rotating): one
 # burst's HTTP/direct ratio moved between 0.79 and 1.05 on the Zen 3 host, so the verdict takes
 # the median over every round's pairs.
 BUSY_PAIRS = 3
-GENAI_VERSIONS: list[str] = []
+VERSIONS: dict[str, str] = {}  # the peers' own versions, as their workers report them
+LLAMACPP_SYSTEM: list[str] = []  # llama.cpp's system info: the instruction sets it was built for
+SERVING: dict[str, dict[str, Any]] = {}  # /ready's serving path of each HTTP model
 KEYS = 3  # the API allows 8 concurrent requests per key; 16 streams + a probe need 3
 NONCE = "{:06d}"  # a request number, digit by digit: a fixed count of tokens
 FILLER = (  # words for the HTTP prompts, fitted to a token count by `fit_text`
@@ -181,15 +216,86 @@ def ensure_genai_model(python: Path, source: Path, precision: str, rebuild: bool
     with log.open("w") as sink:
         # hf_token=false and offline: the builder reads only the local dir (it would otherwise
         # ask the hub for a token even for a local dir).
+        argv: list[str | Path] = ["-m", "onnxruntime_genai.models.builder", "-i", source]
+        argv += ["-o", out, "-p", precision, "-e", "cpu", "-c", cache]
         run(
-            [python, "-m", "onnxruntime_genai.models.builder", "-i", source, "-o", out]
-            + ["-p", precision, "-e", "cpu", "-c", cache, "--extra_options", "hf_token=false"],
+            [python, *argv, "--extra_options", "hf_token=false"],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
     shutil.rmtree(cache, ignore_errors=True)
     say(f"genai {precision}: built in {time.perf_counter() - started:.0f} s")
+    return out
+
+
+def head_commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, text=True, capture_output=True
+    ).stdout.strip()
+
+
+def ensure_plain_install(keep: bool = False) -> tuple[Path, str]:
+    """A fresh venv with the checkout's HEAD installed as a user installs it: `pip install DIR`,
+    no extras, not editable (setup.py compiles the ops library). Made again when HEAD moves,
+    unless `keep` (smoke runs) and one exists. Returns the venv and the commit installed."""
+    commit = head_commit()
+    marker = PLAIN_VENV / ".compare-commit"
+    if marker.exists() and (keep or marker.read_text() == commit):
+        return PLAIN_VENV, marker.read_text()
+    shutil.rmtree(PLAIN_VENV, ignore_errors=True)
+    shutil.rmtree(PLAIN_SRC, ignore_errors=True)
+    PLAIN_SRC.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(PLAIN_SRC)], input=archive, check=True)
+    started = time.perf_counter()
+    run([sys.executable, "-m", "venv", PLAIN_VENV])
+    log = WORK / "plain-install.log"
+    with log.open("w") as sink:
+        run(
+            [PLAIN_VENV / "bin" / "pip", "install", PLAIN_SRC],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    marker.write_text(commit)
+    say(f"plain install of {commit[:7]}: {time.perf_counter() - started:.0f} s (log: {log})")
+    return PLAIN_VENV, commit
+
+
+def ensure_llamacpp_venv() -> Path:
+    """llama-cpp-python compiled for this CPU, and `gguf`, in a venv of their own (minutes)."""
+    python = LLAMACPP_VENV / "bin" / "python"
+    done = LLAMACPP_VENV / ".compare-complete"
+    if done.exists():
+        return python
+    shutil.rmtree(LLAMACPP_VENV, ignore_errors=True)
+    run([sys.executable, "-m", "venv", LLAMACPP_VENV])
+    env = {**os.environ, "CMAKE_ARGS": LLAMACPP_CMAKE_ARGS}
+    run([python, "-m", "pip", "install", "-q", *LLAMACPP_PACKAGES], env=env)
+    done.touch()
+    return python
+
+
+def ensure_gguf(python: Path, source: Path, kind: str, rebuild: bool) -> Path:
+    """The same weights as GGUF: converted once to f32 with the `gguf` package, then quantized
+    by llama.cpp's quantizer into `kind` (q8_0, q4_0, q4_K_M; f32 is the conversion itself)."""
+    script = ROOT / "bench" / "compare_llamacpp.py"
+    base = WORK / "llamacpp-f32.gguf"
+    if rebuild or not base.exists():
+        partial = base.with_suffix(".partial")
+        run([python, script, "convert", source, partial], stdout=sys.stderr)
+        partial.rename(base)
+    if kind == "f32":
+        return base
+    out = WORK / f"llamacpp-{kind}.gguf"
+    if rebuild or not out.exists():
+        partial = out.with_suffix(".partial")
+        log = WORK / f"llamacpp-{kind}-quantize.log"
+        with log.open("w") as sink:
+            run([python, script, "quantize", base, partial, kind], stdout=sink, stderr=sink)
+        partial.rename(out)
     return out
 
 
@@ -224,6 +330,21 @@ def read_bandwidth(buffer_mb: int = 1024, passes: int = 7) -> tuple[float, str]:
         data.sum()
         rates.append(data.nbytes / (time.perf_counter() - started) / 1e9)
     return statistics.median(rates), "numpy, 1 thread"
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, counting a core's hyperthreads once: the figure genai's
+    and llama.cpp's docs recommend for their thread counts."""
+    cores = set()
+    for cpu in os.sched_getaffinity(0):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            package = (topology / "physical_package_id").read_text().strip()
+            core = (topology / "core_id").read_text().strip()
+        except OSError:
+            return len(os.sched_getaffinity(0))
+        cores.add((package, core))
+    return len(cores) or 1
 
 
 def bytes_per_token(model_file: Path) -> int:
@@ -319,22 +440,46 @@ class Worker:
         self.log.close()
 
 
-class Server:
-    """`uvicorn api.main:app_from_environment` serving one model, default settings."""
+def procfile_web() -> str:
+    """The Procfile's `web` line, as the platform runs it."""
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.startswith("web:"):
+            return line.removeprefix("web:").strip()
+    raise RuntimeError("the Procfile has no web line")
 
-    def __init__(self, model: str, path: Path, port: int, env: dict[str, str]) -> None:
+
+class Server:
+    """The Procfile's `web` line from the plain install, serving one model, default settings.
+
+    A shell runs it in a dir outside the checkout, with the plain venv first on PATH, so the
+    installed package serves (not this source tree); the graph cache is its own, so nothing the
+    dev venv optimized is served."""
+
+    def __init__(self, model: str, path: Path, port: int, env: dict[str, str], venv: Path) -> None:
         self.model = model
         self.base = f"http://127.0.0.1:{port}"
         self.sse = SseClient("127.0.0.1", port)
         self.log = (WORK / f"server-{model}.log").open("w")
+        self.cwd = Path(tempfile.mkdtemp(prefix=f"tokenshop-web-{model}-"))
+        env = {k: v for k, v in env.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env.update(
+            PATH=f"{venv / 'bin'}:{env.get('PATH', '')}",
+            PORT=str(port),
+            MODELS=f"{model}={path}",
+            ENGINE_CACHE_DIR=str(WORK / "plain-graph-cache"),
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "api.main:app_from_environment", "--factory"]
-            + ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT,
-            env={**env, "MODELS": f"{model}={path}"},
+            ["bash", "-c", f"exec {procfile_web()}"],
+            cwd=self.cwd,
+            env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
+
+    def serving(self) -> dict[str, Any]:
+        """`/ready`'s word on the path this model is served on."""
+        body = httpx.get(self.base + "/ready", timeout=10).json()
+        return dict(body.get("serving", {}).get(self.model) or {})
 
     def wait_ready(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
@@ -367,6 +512,18 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+        shutil.rmtree(self.cwd, ignore_errors=True)
+
+
+def off_the_fast_path(serving: dict[str, Any]) -> str | None:
+    """Why a model's `/ready` serving path is not the optimized one, or None when it is."""
+    if not serving:
+        return "/ready reports no serving path"
+    if serving.get("fallbacks"):
+        return "; ".join(serving["fallbacks"])
+    if serving.get("ops") != "tokenshop":
+        return f"ops {serving.get('ops')}, not ours"
+    return None
 
 
 @dataclass
@@ -449,7 +606,8 @@ class HttpClient:
         """Time to first token of the long prompt, idle or joining `running` decoding streams."""
         events = [asyncio.Event() for _ in range(running)]
         background = [
-            asyncio.create_task(self.stream(self.short_text, 100_000, event)) for event in events
+            asyncio.create_task(self.stream(self.short_text, RUNNING_TOKENS, event))
+            for event in events
         ]
         try:
             for task, event in zip(background, events, strict=True):
@@ -483,7 +641,13 @@ class Peer:
     measure: Callable[[str, int], dict[str, float] | None]
     pid: int
     floor_bytes: int
+    variant: str = ""  # llama.cpp's quantization, where one precision has several
+    settings: str = ""  # how it ran, printed with the table
     results: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{LABELS[self.engine]} {self.variant}".strip()
 
     def record(self, kind: str, value: float) -> None:
         self.results.setdefault(kind, []).append(value)
@@ -524,11 +688,22 @@ class Plan:
     streams: list[int]
 
 
+@dataclass
+class Builds:
+    """What the peers serve: our exports by precision, genai's models by precision, llama.cpp's
+    GGUF files by (precision, quantization), and the plain install that serves HTTP."""
+
+    exports: dict[str, Path]
+    genai: dict[str, Path] = field(default_factory=dict)
+    gguf: dict[tuple[str, str], Path] = field(default_factory=dict)
+    plain: Path | None = None
+    plain_commit: str = ""
+
+
 def make_peers(
     args: argparse.Namespace,
     plan: Plan,
-    exports: dict[str, Path],
-    genai: dict[str, Path],
+    builds: Builds,
     closers: list[Callable[[], None]],
 ) -> list[Peer]:
     """Start every serving process (loading all models up front, so rounds can interleave),
@@ -537,8 +712,11 @@ def make_peers(
     the next run's requests would reach it with keys it does not know)."""
     peers: list[Peer] = []
     engines = args.engines
+    exports = builds.exports
     env = dict(os.environ)
+    threads = args.threads
     if "http" in engines:
+        assert builds.plain is not None
         db = WORK / "tokenshop.db"
         db.unlink(missing_ok=True)
         env.update(DATABASE_URL=f"sqlite:///{db}", SECRET_KEY=secrets.token_urlsafe(48))
@@ -564,13 +742,26 @@ def make_peers(
         plan.prompt, plan.ttft_prompt = short_len, long_len
         servers = []
         for i, (precision, path) in enumerate(exports.items()):
-            server = Server(precision, path, args.port + i, env)
+            server = Server(precision, path, args.port + i, env, builds.plain)
             servers.append(server)
             closers.append(server.close)
+        lost = []
         for server in servers:
             server.wait_ready()
+            serving = server.serving()
+            SERVING[server.model] = serving
+            if why := off_the_fast_path(serving):
+                lost.append(f"{server.model}: {why}")
             client = HttpClient(server, keys, short_text, long_text)
-            peers.append(Peer("http", server.model, _http_measure(client), server.proc.pid, 0))
+            settings = (
+                f"`pip install` of {builds.plain_commit[:7]} (no extras), Procfile `web` line, "
+                f"default settings; /ready: edits {', '.join(serving.get('graph_edits', []))}; "
+                f"ops {serving.get('ops')} ({serving.get('isa')})"
+            )
+            pid = server.proc.pid  # the shell `exec`s the web line: this is uvicorn
+            peers.append(Peer("http", server.model, _http_measure(client), pid, 0, "", settings))
+        if lost and not args.allow_fallback:
+            raise RuntimeError("the plain install is off the optimized path: " + " | ".join(lost))
     for precision, path in exports.items():
         if not {"direct", "bare"} & set(engines):
             break
@@ -583,17 +774,43 @@ def make_peers(
             )
             closers.append(worker.close)
             measure = _direct_measure(worker) if name == "direct" else _bare_measure(worker)
-            peers.append(Peer(name, precision, measure, worker.proc.pid, 0))
-    if genai:
+            settings = (
+                "`LocalEngine`, default settings, dev venv (working tree)"
+                if name == "direct"
+                else "the exported graph, ONNX Runtime's default threads"
+            )
+            peers.append(Peer(name, precision, measure, worker.proc.pid, 0, "", settings))
+    if builds.genai:
         python = GENAI_VENV / "bin" / "python"
-        for precision, path in genai.items():
+        for precision, path in builds.genai.items():
             worker = Worker(
-                [python, ROOT / "bench" / "compare_genai.py", path],
+                [python, ROOT / "bench" / "compare_genai.py", path, "--threads", str(threads)],
                 WORK / f"genai-worker-{precision}.log",
             )
             closers.append(worker.close)
-            GENAI_VERSIONS.append(str(worker.hello.get("version")))
-            peers.append(Peer("genai", precision, _genai_measure(worker), worker.proc.pid, 0))
+            VERSIONS["onnxruntime-genai"] = str(worker.hello.get("version"))
+            settings = ", ".join(f"{k}={v}" for k, v in worker.hello["settings"].items())
+            peers.append(
+                Peer("genai", precision, _genai_measure(worker), worker.proc.pid, 0, "", settings)
+            )
+    if builds.gguf:
+        python = LLAMACPP_VENV / "bin" / "python"
+        seq_ctx = -(-max(plan.ttft_prompt + 8, plan.prompt + plan.tokens + 8) // 256) * 256
+        for (precision, kind), path in builds.gguf.items():
+            argv: list[str | Path] = [python, ROOT / "bench" / "compare_llamacpp.py", "serve", path]
+            seqs = max(*plan.streams, BUSY_STREAMS) + 1  # a long prompt joins 8 running
+            argv += ["--threads", str(threads), "--seqs", str(seqs)]
+            argv += ["--seq-ctx", str(seq_ctx), "--flash", args.llamacpp_flash]
+            worker = Worker(argv, WORK / f"llamacpp-worker-{kind}.log")
+            closers.append(worker.close)
+            VERSIONS["llama-cpp-python"] = str(worker.hello.get("version"))
+            LLAMACPP_SYSTEM.append(str(worker.hello.get("system_info")))
+            settings = ", ".join(f"{k}={v}" for k, v in worker.hello["settings"].items())
+            peer = Peer(
+                "llamacpp", precision, _llamacpp_measure(worker), worker.proc.pid, 0, kind, settings
+            )
+            peer.floor_bytes = int(worker.hello["bytes_per_token"])
+            peers.append(peer)
     return peers
 
 
@@ -626,6 +843,17 @@ def _bare_measure(worker: Worker) -> Callable[[str, int], dict[str, float] | Non
         if value:
             return None
         return worker.call(op="bare_ttft", prompt=PLAN.ttft_prompt)
+
+    return measure
+
+
+def _llamacpp_measure(worker: Worker) -> Callable[[str, int], dict[str, float] | None]:
+    def measure(kind: str, value: int) -> dict[str, float] | None:
+        if kind == "streams":
+            ids = [prompt(PLAN.prompt, seed=i) for i in range(value)]
+            return worker.call(op="generate", ids=ids, tokens=PLAN.tokens)
+        running = [prompt(PLAN.prompt, seed=i) for i in range(value)]
+        return worker.call(op="ttft_running", running=running, ids=prompt(PLAN.ttft_prompt, 99))
 
     return measure
 
@@ -709,6 +937,12 @@ def fmt(value: float, digits: int = 1) -> str:
     return "n/a" if value != value else f"{value:.{digits}f}"
 
 
+def ordered(peers: list[Peer]) -> list[Peer]:
+    return sorted(
+        peers, key=lambda p: (PRECISIONS.index(p.precision), ENGINES.index(p.engine), p.variant)
+    )
+
+
 def table(peers: list[Peer], bandwidth: float) -> str:
     streams = PLAN.streams
     head = ["engine", "precision", "MB read/token", "floor tok/s", "1 stream tok/s", "of floor"]
@@ -720,11 +954,10 @@ def table(peers: list[Peer], bandwidth: float) -> str:
         "peak RSS MB",
     ]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    order = sorted(peers, key=lambda p: (PRECISIONS.index(p.precision), ENGINES.index(p.engine)))
-    for peer in order:
+    for peer in ordered(peers):
         floor = bandwidth * 1e9 / peer.floor_bytes
         one = peer.median("one")
-        row = [LABELS[peer.engine], peer.precision, fmt(peer.floor_bytes / 1e6, 0), fmt(floor)]
+        row = [peer.label, peer.precision, fmt(peer.floor_bytes / 1e6, 0), fmt(floor)]
         row += [fmt(one), fmt(one / floor, 2)]
         row += [fmt(peer.median(f"agg{s}")) for s in streams]
         row += [fmt(peer.median("ttft"), 3), fmt(peer.median("ttft_busy"), 3)]
@@ -735,8 +968,9 @@ def table(peers: list[Peer], bandwidth: float) -> str:
 
 
 def targets(peers: list[Peer], bandwidth: float) -> list[str]:
-    """Issue 6's targets, each with the figures it compares and whether it is met."""
-    by = {(p.engine, p.precision): p for p in peers}
+    """Issues 6 and 33's targets, each with the figures it compares and whether it is met."""
+    by = {(p.engine, p.precision): p for p in peers if not p.variant}
+    llama = {p.variant: p for p in peers if p.engine == "llamacpp"}
     lines = []
 
     def check(name: str, value: float, bound: float, detail: str) -> None:
@@ -757,6 +991,9 @@ def targets(peers: list[Peer], bandwidth: float) -> list[str]:
             if genai:
                 ratio = one / genai.median("one")
                 check(f"{label} int4 1 stream >= genai int4", ratio, 1.0, f"{ratio:.2f}x")
+            if "q4_0" in llama:
+                ratio = one / llama["q4_0"].median("one")
+                check(f"{label} int4 1 stream >= 1.2x llama.cpp q4_0", ratio, 1.2, f"{ratio:.2f}x")
             if f"agg{BUSY_STREAMS}" in int4.results:
                 ratio = int4.median(f"agg{BUSY_STREAMS}") / one
                 check(f"{label} int4 8 streams >= 5x 1 stream", ratio, 5.0, f"{ratio:.2f}x")
@@ -764,6 +1001,27 @@ def targets(peers: list[Peer], bandwidth: float) -> list[str]:
             floor = bandwidth * 1e9 / int8.floor_bytes
             ratio = int8.median("one") / floor
             check(f"{label} int8 1 stream >= 0.75 floor", ratio, 0.75, f"{ratio:.2f}")
+            if "q8_0" in llama:
+                ratio = int8.median("one") / llama["q8_0"].median("one")
+                check(f"{label} int8 1 stream >= llama.cpp q8_0", ratio, 1.0, f"{ratio:.2f}x")
+        for precision, kind in (("int4", "q4_0"), ("int8", "q8_0")):
+            ours, theirs = by.get((engine, precision)), llama.get(kind)
+            if not (ours and theirs):
+                continue
+            ratio = theirs.median("ttft") / ours.median("ttft")
+            check(
+                f"{label} {precision} TTFT {PLAN.ttft_prompt} idle <= llama.cpp {kind}",
+                ratio,
+                1.0,
+                f"{ours.median('ttft'):.3f} against {theirs.median('ttft'):.3f} s",
+            )
+            rss, limit = peak_rss_mb(ours.pid), peak_rss_mb(theirs.pid) * 1.1
+            check(
+                f"{label} {precision} peak RSS <= llama.cpp {kind} + 10%",
+                limit / rss,
+                1.0,
+                f"{rss:.0f} MB against llama.cpp's {limit / 1.1:.0f} (+10%: {limit:.0f})",
+            )
     for precision in PRECISIONS:
         http, direct = by.get(("http", precision)), by.get(("direct", precision))
         busy = f"agg{BUSY_STREAMS}"
@@ -784,7 +1042,7 @@ def targets(peers: list[Peer], bandwidth: float) -> list[str]:
         if "ttft_busy" in peer.results:
             ratio = peer.median("ttft") / peer.median("ttft_busy")
             check(
-                f"{LABELS[peer.engine]} {peer.precision} TTFT with 8 running <= 2x idle",
+                f"{peer.label} {peer.precision} TTFT with 8 running <= 2x idle",
                 ratio,
                 0.5,
                 f"{1 / ratio:.2f}x idle",
@@ -799,22 +1057,23 @@ def plot(peers: list[Peer], path: Path, bandwidth: float) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"fp32": "tab:blue", "int8": "tab:orange", "int4": "tab:green"}
-    styles = {"http": "-", "direct": "--", "bare": "", "genai": ":"}
-    markers = {"http": "o", "direct": "s", "bare": "*", "genai": "^"}
+    styles = {"http": "-", "direct": "--", "bare": "", "genai": ":", "llamacpp": "-."}
+    markers = {"http": "o", "direct": "s", "bare": "*", "genai": "^", "llamacpp": "D"}
     figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
-    for peer in peers:
+    for peer in ordered(peers):
         xs = [s for s in [1, *PLAN.streams] if f"agg{s}" in peer.results]
         ys = [peer.median(f"agg{s}") for s in xs]
         axes.plot(
             xs,
             ys,
             linestyle=styles[peer.engine] or "none",
-            marker=markers[peer.engine],
+            marker="v" if peer.variant == "q4_K_M" else markers[peer.engine],
             color=colors.get(peer.precision, "black"),
-            label=f"{LABELS[peer.engine]}, {peer.precision}",
+            label=f"{peer.label}, {peer.precision}",
         )
-    for precision in sorted({p.precision for p in peers if p.engine != "genai"}):
-        floor_bytes = next(p.floor_bytes for p in peers if p.precision == precision)
+    ours = [p for p in peers if p.engine in ("http", "direct", "bare")]
+    for precision in sorted({p.precision for p in ours}):
+        floor_bytes = next(p.floor_bytes for p in ours if p.precision == precision)
         axes.axhline(
             bandwidth * 1e9 / floor_bytes, color=colors[precision], linewidth=0.6, alpha=0.5
         )
@@ -870,6 +1129,30 @@ def main() -> int:
         "--budget-minutes", type=float, default=600, help="start no round that would end later"
     )
     parser.add_argument("--rebuild", action="store_true", help="export and build again")
+    parser.add_argument(
+        "--llamacpp-flash",
+        choices=("on", "off", "auto"),
+        default="on",
+        help="llama.cpp's flash attention (its CPU backend has it)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=physical_cores(),
+        help="genai's intra_op_num_threads and llama.cpp's threads (default: the physical cores, "
+        "as their docs recommend; on a loaded host llama.cpp's 2 threads fell to 1.5 tok/s where "
+        "1 made 12)",
+    )
+    parser.add_argument(
+        "--keep-plain-install",
+        action="store_true",
+        help="serve HTTP from the plain install already made, even of an older commit (smoke runs)",
+    )
+    parser.add_argument(
+        "--allow-fallback",
+        action="store_true",
+        help="measure a plain install that /ready says is off the optimized path (fails otherwise)",
+    )
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()
     # A plain `kill` still runs the `finally` that stops the servers and workers.
@@ -883,26 +1166,44 @@ def main() -> int:
 
     measured = commit()  # at the start: others may commit while this runs
     source = build_source(WORK / "src")  # not bench/engine.py's: its export deletes that one
-    exports = {p: ensure_export(source, p, args.rebuild) for p in precisions}
-    genai: dict[str, Path] = {}
-    genai_note = ""
+    builds = Builds({p: ensure_export(source, p, args.rebuild) for p in precisions})
+    notes: list[str] = []
+    if "http" in args.engines:
+        builds.plain, builds.plain_commit = ensure_plain_install(args.keep_plain_install)
     if "genai" in args.engines:
         try:
             python = ensure_genai_venv()
             for precision in [p for p in precisions if p in GENAI_PRECISIONS]:
-                genai[precision] = ensure_genai_model(python, source, precision, args.rebuild)
+                builds.genai[precision] = ensure_genai_model(
+                    python, source, precision, args.rebuild
+                )
         except (subprocess.CalledProcessError, OSError) as exc:
-            genai_note = f"onnxruntime-genai unavailable: {exc}"
-            say(genai_note)
+            notes.append(f"onnxruntime-genai unavailable: {exc}")
+            say(notes[-1])
+    if "llamacpp" in args.engines:
+        try:
+            python = ensure_llamacpp_venv()
+            for precision in precisions:
+                for kind in LLAMACPP_QUANTS[precision]:
+                    builds.gguf[precision, kind] = ensure_gguf(python, source, kind, args.rebuild)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            notes.append(f"llama.cpp unavailable: {exc}")
+            say(notes[-1])
     before, how = read_bandwidth()
     say(f"read bandwidth {before:.1f} GB/s ({how})")
 
     closers: list[Callable[[], None]] = []
     try:
-        peers = make_peers(args, PLAN, exports, genai, closers)
+        peers = make_peers(args, PLAN, builds, closers)
         for peer in peers:
             forget_peak_rss(peer.pid)
-            path = genai[peer.precision] if peer.engine == "genai" else exports[peer.precision]
+            if peer.engine == "llamacpp":
+                continue  # its worker read the GGUF's tensor sizes
+            path = (
+                builds.genai[peer.precision]
+                if peer.engine == "genai"
+                else builds.exports[peer.precision]
+            )
             files = sorted(path.glob("*.onnx"))
             peer.floor_bytes = bytes_per_token(files[0])
         bandwidths = [before]
@@ -916,13 +1217,14 @@ def main() -> int:
         bandwidth = statistics.median(bandwidths)
         rendered = table(peers, bandwidth)
         checks = targets(peers, bandwidth)
+        rss = {id(p): peak_rss_mb(p.pid) for p in peers}  # before the processes end
     finally:
         for close in reversed(closers):
             close()
     import onnxruntime
 
     versions = f"onnxruntime {onnxruntime.__version__}" + "".join(
-        f", onnxruntime-genai {v}" for v in sorted(set(GENAI_VERSIONS))
+        f", {name} {version}" for name, version in sorted(VERSIONS.items())
     )
     print(f"commit {measured}; {describe_machine()}; {versions}")
     print(
@@ -931,8 +1233,21 @@ def main() -> int:
         f"{after:.1f} after); {PLAN.tokens} tokens per stream, "
         f"{PLAN.prompt}-token prompts, greedy; median of {rounds} interleaved rounds"
     )
-    if genai_note:
-        print(genai_note)
+    for note in notes:
+        print(note)
+    print()
+    print("How each peer ran:")
+    print()
+    for peer in ordered(peers):
+        print(f"- {peer.label} {peer.precision}: {peer.settings}")
+    for info in sorted(set(LLAMACPP_SYSTEM)):
+        print(f"- llama.cpp's build: {info}")
+    if SERVING:
+        print()
+        print("/ready `serving` of the plain install:")
+        print()
+        for model, serving in SERVING.items():
+            print(f"- {model}: {json.dumps(serving)}")
     print()
     print(rendered)
     print()
@@ -940,6 +1255,12 @@ def main() -> int:
     plot(peers, args.plot, bandwidth)
     results = {
         "commit": measured,
+        "plain_install": builds.plain_commit,
+        "serving": SERVING,
+        "settings": {f"{p.label} {p.precision}": p.settings for p in peers},
+        "peak_rss_mb": {f"{p.label} {p.precision}": rss[id(p)] for p in peers},
+        "versions": VERSIONS,
+        "llamacpp_system": sorted(set(LLAMACPP_SYSTEM)),
         "machine": describe_machine(),
         "bandwidth_gbs": bandwidth,
         "bandwidth_readings_gbs": bandwidths,
@@ -948,6 +1269,7 @@ def main() -> int:
         "peers": [
             {
                 "engine": p.engine,
+                "variant": p.variant,
                 "precision": p.precision,
                 "floor_bytes": p.floor_bytes,
                 "results": p.results,

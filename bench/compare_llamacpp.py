@@ -1,0 +1,309 @@
+"""llama.cpp for `bench/compare.py`: the GGUF conversion, its quantizations, and a worker.
+
+    bench/out/llamacpp-venv/bin/python bench/compare_llamacpp.py convert SRC_DIR OUT.gguf
+    bench/out/llamacpp-venv/bin/python bench/compare_llamacpp.py quantize IN.gguf OUT.gguf q4_0
+    bench/out/llamacpp-venv/bin/python bench/compare_llamacpp.py serve MODEL.gguf --threads 2 ...
+
+Runs in the venv of llama-cpp-python (compiled from its sdist for this host's CPU when
+`compare.py` makes the venv) and the `gguf` package, so it imports nothing from this project.
+
+- `convert` writes the transformers dir that our exports and genai's are made from as a float32
+  GGUF with the `gguf` package: the tensors renamed by its own Qwen2 name map (no reordering:
+  llama.cpp ropes Qwen2 in the NeoX layout, as transformers does), the BPE vocabulary and merges
+  of `tokenizer.json` padded to the config's vocabulary size, as llama.cpp's own converter does.
+- `quantize` is llama.cpp's quantizer (`llama_model_quantize`), with its per-tensor rules: the
+  tied embedding/head becomes q6_K under q4_0 and q4_K_M, and q4_K_M falls back to q5_0/q8_0 for
+  rows of 896 (not a multiple of 256), as it does on the real Qwen2.5-0.5B.
+- `serve` loads one GGUF and answers one JSON command per stdin line with one `@@`-prefixed JSON
+  line on stdout, like the other workers. llama-cpp-python's own server serves one request at a
+  time, so concurrent streams run here as llama-server runs its parallel slots: one context with
+  a sequence per stream (`n_seq_max`), every stream's next token in one `llama_decode` batch, and
+  a prompt that arrives while others decode goes into the same batch as their next tokens.
+  Greedy (argmax of the logits), no stop at the end token, so every stream makes the tokens asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FTYPES = {"q8_0": 7, "q4_0": 2, "q4_K_M": 15}  # llama_ftype: LLAMA_FTYPE_MOSTLY_*
+
+
+# --- conversion ---------------------------------------------------------------------------------
+
+
+def convert(src: Path, out: Path) -> None:
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((src / "config.json").read_text())
+    if config["model_type"] != "qwen2":
+        raise SystemExit(f"convert: only Qwen2 dirs, not {config['model_type']}")
+    blocks = config["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, blocks)
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN2])
+    writer.add_name(src.name)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_vocabulary(writer, src, config["vocab_size"])
+    files = sorted(src.glob("*.safetensors"))
+    for file in files:
+        for name, tensor in load_file(file).items():
+            if name == "lm_head.weight" and config.get("tie_word_embeddings"):
+                continue
+            mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            if mapped is None:
+                raise SystemExit(f"convert: no GGUF name for {name}")
+            writer.add_tensor(mapped, np.ascontiguousarray(tensor, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _add_vocabulary(writer: Any, src: Path, size: int) -> None:
+    """The byte-level BPE of `tokenizer.json`, as llama.cpp's `gpt2` tokenizer model reads it."""
+    import gguf
+
+    spec = json.loads((src / "tokenizer.json").read_text())
+    vocab: dict[str, int] = dict(spec["model"]["vocab"])
+    special = {t["id"]: t["content"] for t in spec.get("added_tokens", [])}
+    by_id = {i: token for token, i in vocab.items()} | special
+    tokens, types = [], []
+    for i in range(size):
+        if i in special:
+            tokens.append(special[i])
+            types.append(gguf.TokenType.CONTROL)
+        elif i in by_id:
+            tokens.append(by_id[i])
+            types.append(gguf.TokenType.NORMAL)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    settings = json.loads((src / "tokenizer_config.json").read_text())
+    ids = {token: i for i, token in special.items()}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    for key, add in (
+        ("bos_token", writer.add_bos_token_id),
+        ("eos_token", writer.add_eos_token_id),
+        ("pad_token", writer.add_pad_token_id),
+    ):
+        if settings.get(key) in ids:
+            add(ids[settings[key]])
+    writer.add_add_bos_token(False)
+
+
+def quantize(source: Path, out: Path, kind: str, threads: int) -> None:
+    import llama_cpp as ll
+
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = FTYPES[kind]
+    params.nthread = threads
+    if ll.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params)):
+        raise SystemExit(f"quantize: llama_model_quantize failed for {kind}")
+
+
+def bytes_per_token(path: Path) -> int:
+    """Weight bytes one decode step reads: every tensor in full, except the embedding table when
+    a separate output head exists (then one row of it is gathered)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    total = 0
+    for name, tensor in tensors.items():
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            total += int(tensor.n_bytes) // int(tensor.shape[-1])  # ggml order: rows last
+        else:
+            total += int(tensor.n_bytes)
+    return total
+
+
+# --- the worker ---------------------------------------------------------------------------------
+
+
+class Engine:
+    """One llama.cpp context with a KV sequence per concurrent stream."""
+
+    def __init__(self, path: Path, threads: int, seqs: int, seq_ctx: int, flash: str) -> None:
+        import llama_cpp as ll
+
+        self.ll = ll
+        ll.llama_backend_init()
+        quiet = ll.llama_log_callback(lambda level, text, data: None)
+        self._quiet = quiet  # kept alive: llama.cpp calls it
+        if not os.environ.get("LLAMACPP_LOG"):
+            ll.llama_log_set(quiet, ctypes.c_void_p(0))
+        model_params = ll.llama_model_default_params()
+        self.model = ll.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
+        params = ll.llama_context_default_params()
+        params.n_seq_max = seqs
+        params.n_ctx = seqs * seq_ctx  # split evenly between the sequences (kv_unified off)
+        params.n_batch = max(2048, seq_ctx + seqs)  # a long prompt joins running streams whole
+        params.n_ubatch = 512
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = {"on": 1, "off": 0, "auto": -1}[flash]
+        params.kv_unified = False  # the default; its docs: off when sequences share no prefix
+        params.no_perf = True
+        self.ctx = ll.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not make the context")
+        self.n_batch = params.n_batch
+        self.seqs = seqs
+        self.batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self.settings = {
+            "threads": threads,
+            "threads_batch": threads,
+            "flash_attn": flash,
+            "n_seq_max": seqs,
+            "n_ctx": params.n_ctx,
+            "n_batch": params.n_batch,
+            "n_ubatch": params.n_ubatch,
+            "kv_unified": False,
+            "type_k": {0: "f32", 1: "f16"}.get(params.type_k, params.type_k),
+            "type_v": {0: "f32", 1: "f16"}.get(params.type_v, params.type_v),
+            "load_mode": getattr(model_params, "load_mode", "default"),
+        }
+
+    def clear(self) -> None:
+        self.ll.llama_memory_clear(self.ll.llama_get_memory(self.ctx), True)
+
+    def decode(self, entries: list[tuple[int, int, int, bool]]) -> list[int]:
+        """One llama_decode of (token, position, sequence, wants logits) entries; the argmax
+        of each entry that wanted logits, in order."""
+        batch = self.batch
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = logits
+        batch.n_tokens = len(entries)
+        status = self.ll.llama_decode(self.ctx, batch)
+        if status:
+            raise RuntimeError(f"llama_decode returned {status}")
+        picks = []
+        for i, (*_, logits) in enumerate(entries):
+            if logits:
+                row = self.ll.llama_get_logits_ith(self.ctx, i)
+                picks.append(int(np.ctypeslib.as_array(row, shape=(self.n_vocab,)).argmax()))
+        return picks
+
+    def prefill(self, prompts: list[list[int]], first_seq: int = 0) -> list[int]:
+        entries = [
+            (token, pos, first_seq + s, pos == len(ids) - 1)
+            for s, ids in enumerate(prompts)
+            for pos, token in enumerate(ids)
+        ]
+        return self.decode(entries)
+
+    def generate(self, prompts: list[list[int]], tokens: int) -> dict[str, Any]:
+        """Every prompt in its own sequence, prefilled together, then `tokens` greedy tokens
+        each, all streams in one batch per step (as llama-server's slots)."""
+        self.clear()
+        started = time.perf_counter()
+        last = self.prefill(prompts)
+        first = time.perf_counter()
+        lengths = [len(ids) for ids in prompts]
+        for step in range(1, tokens):
+            last = self.decode([(t, lengths[s] + step - 1, s, True) for s, t in enumerate(last)])
+        end = time.perf_counter()
+        per = (tokens - 1) / (end - first) if tokens > 1 else 0.0
+        return {"ttft": first - started, "per": per, "agg": len(prompts) * tokens / (end - started)}
+
+    def ttft_running(self, running: list[list[int]], long: list[int]) -> dict[str, Any]:
+        """Time to first token of `long` arriving while `running` streams decode: its prompt
+        goes into the next step's batch beside their tokens, as llama-server batches a new
+        slot's prompt with the running slots' next tokens (n_batch holds it whole)."""
+        self.clear()
+        last = self.prefill(running) if running else []
+        lengths = [len(ids) for ids in running]
+        for step in range(1, 3) if running else ():  # streams past their first tokens
+            last = self.decode([(t, lengths[s] + step - 1, s, True) for s, t in enumerate(last)])
+        submitted = time.perf_counter()
+        entries = [(t, lengths[s] + 2, s, True) for s, t in enumerate(last)]
+        entries += [(tok, pos, len(running), pos == len(long) - 1) for pos, tok in enumerate(long)]
+        self.decode(entries)
+        return {"ttft": time.perf_counter() - submitted}
+
+
+def serve(args: argparse.Namespace) -> int:
+    import llama_cpp as ll
+
+    engine = Engine(args.model, args.threads, args.seqs, args.seq_ctx, args.flash)
+    hello = {
+        "ready": True,
+        "version": ll.__version__,
+        "system_info": ll.llama_print_system_info().decode().strip(),
+        "bytes_per_token": bytes_per_token(args.model),
+        "settings": engine.settings,
+    }
+    print("@@" + json.dumps(hello), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            if command["op"] == "generate":
+                reply = engine.generate(command["ids"], command["tokens"])
+            elif command["op"] == "ttft_running":
+                reply = engine.ttft_running(command["running"], command["ids"])
+            else:
+                raise ValueError(f"unknown op {command['op']!r}")
+        except Exception as exc:  # reported to the orchestrator, which decides
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        print("@@" + json.dumps(reply), flush=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("convert")
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path)
+    p = sub.add_parser("quantize")
+    p.add_argument("source", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("kind", choices=sorted(FTYPES))
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p = sub.add_parser("serve")
+    p.add_argument("model", type=Path)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--seqs", type=int, default=17)
+    p.add_argument("--seq-ctx", type=int, default=1024)
+    p.add_argument("--flash", choices=("on", "off", "auto"), default="on")
+    args = parser.parse_args()
+    if args.command == "convert":
+        convert(args.src, args.out)
+    elif args.command == "quantize":
+        quantize(args.source, args.out, args.kind, args.threads)
+    else:
+        return serve(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
