@@ -9,7 +9,6 @@ import pytest
 
 from api.engine.ops import build as ops_build
 from api.engine.ops.build import build, main
-from api.engine.ops.library import runs_here
 
 
 def test_without_a_compiler_the_build_says_why_and_serving_goes_on(
@@ -30,14 +29,6 @@ def test_without_a_compiler_the_build_says_why_and_serving_goes_on(
         ]
         * 3
     )
-
-
-@pytest.mark.slow  # compiles every op: minutes on 2 cores
-def test_the_library_builds_from_the_vendored_header_alone(tmp_path: Path) -> None:
-    """Only a C compiler is needed: ONNX Runtime's C header ships with our sources."""
-    library = build(tmp_path / "libtokenshop_ops.so")
-    assert library.is_file()
-    assert runs_here(library)
 
 
 def test_a_failed_compile_is_named_and_leaves_no_library(
