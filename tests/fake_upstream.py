@@ -12,6 +12,13 @@ next answers' fault:
 - `stall`: headers, then nothing;
 - `cut`: the connection drops after `--cut-after` words.
 
+With `tools` (and `tool_choice` not "none") it calls them instead: the function `tool_choice`
+names, else both of the first two under "required" with `parallel_tool_calls` not false, else
+the first, each with `call_arguments(name)`; streamed as OpenAI does (id, type and name in a
+call's first delta, then its arguments in `ARGUMENT_PIECE`-character fragments, one chunk
+each), finishing "tool_calls"; completion tokens = chunks sent. A conversation ending in a tool
+result is answered "got <its content>", finishing "stop".
+
 `GET /_state` says how many answers started, are streaming now and were left by their client.
 It checks `Authorization: Bearer $FAKE_UPSTREAM_KEY` when that variable is set.
 """
@@ -39,17 +46,58 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     return sum(len(str(m.get("content") or "").split()) + 4 for m in body["messages"])
 
 
-def chunk(content: str | None, finish: str | None = None, **extra: Any) -> str:
+ARGUMENT_PIECE = 7
+
+
+def call_arguments(name: str) -> str:
+    return json.dumps({"city": "Paris", "function": name, "unit": "celsius"})
+
+
+def chosen_tools(body: dict[str, Any]) -> list[str]:
+    """The functions this answer calls (none: it answers with text)."""
+    tools = [tool["function"]["name"] for tool in body.get("tools") or []]
+    choice = body.get("tool_choice")
+    if not tools or choice == "none" or body["messages"][-1]["role"] == "tool":
+        return []
+    if isinstance(choice, dict):
+        return [choice["function"]["name"]]
+    if choice == "required" and body.get("parallel_tool_calls") is not False:
+        return tools[:2]
+    return tools[:1]
+
+
+def call_deltas(names: list[str]) -> list[dict[str, Any]]:
+    """Each call's `delta.tool_calls` entries, one a chunk."""
+    deltas: list[dict[str, Any]] = []
+    for index, name in enumerate(names):
+        deltas.append(
+            {
+                "index": index,
+                "id": f"call_fake{index}",
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }
+        )
+        text = call_arguments(name)
+        for start in range(0, len(text), ARGUMENT_PIECE):
+            piece = text[start : start + ARGUMENT_PIECE]
+            deltas.append({"index": index, "function": {"arguments": piece}})
+    return deltas
+
+
+def chunk(
+    content: str | None,
+    finish: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> str:
+    delta: dict[str, Any] = {} if content is None else {"content": content}
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
     choices = (
         []
-        if content is None and finish is None
-        else [
-            {
-                "index": 0,
-                "delta": {} if content is None else {"content": content},
-                "finish_reason": finish,
-            }
-        ]
+        if content is None and finish is None and tool_calls is None
+        else [{"index": 0, "delta": delta, "finish_reason": finish}]
     )
     payload = {
         "id": "chatcmpl-fake",
@@ -85,11 +133,43 @@ async def completions(request: Request) -> Response:
             status_code=400,
         )
     words = [f"w{i}" for i in range(body.get("max_tokens") or 16)]
+    finish = "length"
+    calls = chosen_tools(body)
+    last = body["messages"][-1]
+    if calls:
+        finish = "tool_calls"
+    elif body.get("tools") and last["role"] == "tool":
+        words, finish = ["got", str(last["content"])], "stop"
+    sent = len(call_deltas(calls)) if calls else len(words)
     usage = {
         "prompt_tokens": prompt_tokens(body),
-        "completion_tokens": len(words),
-        "total_tokens": prompt_tokens(body) + len(words),
+        "completion_tokens": sent,
+        "total_tokens": prompt_tokens(body) + sent,
     }
+    if not body.get("stream") and calls:
+        await asyncio.sleep(OPTIONS["delay"])
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call_fake{index}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": call_arguments(name)},
+                }
+                for index, name in enumerate(calls)
+            ],
+        }
+        answer = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "fake",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": message}],
+        }
+        if mode != "no_usage":
+            answer["usage"] = usage
+        return JSONResponse(answer)
     if not body.get("stream"):
         await asyncio.sleep(OPTIONS["delay"] * len(words))
         answer = {
@@ -100,7 +180,7 @@ async def completions(request: Request) -> Response:
             "choices": [
                 {
                     "index": 0,
-                    "finish_reason": "length",
+                    "finish_reason": finish,
                     "message": {"role": "assistant", "content": " ".join(words)},
                 }
             ],
@@ -117,12 +197,15 @@ async def completions(request: Request) -> Response:
             yield chunk("")  # role-only first chunk, as servers send
             if mode == "stall":
                 await asyncio.sleep(3600)
-            for index, word in enumerate(words):
+            for delta in call_deltas(calls):
+                await asyncio.sleep(OPTIONS["delay"])
+                yield chunk(None, tool_calls=[delta])
+            for index, word in enumerate([] if calls else words):
                 if mode == "cut" and index == OPTIONS["cut_after"]:
                     raise ConnectionAbortedError("cut on purpose")  # uvicorn drops the connection
                 await asyncio.sleep(OPTIONS["delay"])
                 yield chunk(("" if index == 0 else " ") + word)
-            yield chunk(None, "length")
+            yield chunk(None, finish)
             if include_usage and mode != "no_usage":
                 yield chunk(None, usage=usage)
             yield "data: [DONE]\n\n"

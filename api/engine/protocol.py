@@ -19,7 +19,9 @@ from typing import Any, Literal
 # whose weights already trade exactness, float32 for the rest, which stay exact.
 KvCacheDtype = Literal["auto", "float32", "float16"]
 
-FinishReason = Literal["stop", "length"]
+# "tool_calls": the answer ended by calling tools (an upstream says so itself; a local engine's
+# calls are read out of its text by the serving layer, which sets it there).
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,18 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call an engine made itself (an upstream's structured `tool_calls`):
+    the first piece of call `index` has its `id` and `name`, later ones only `arguments`
+    fragments, which concatenate to the call's JSON text. A whole call is one piece."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,9 @@ class GenerationOutput:
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not prefilled
+    # Tool calls an engine returns structured (an upstream); counted in `completion_tokens`.
+    # A local engine writes its calls as text, which the serving layer parses.
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,18 @@ from anyio import to_thread
 
 from api.books import Books
 from api.engine.errors import ContextLengthExceeded
-from api.engine.protocol import ChatMessage, EngineClient, GenerationOutput, GenerationRequest
+from api.engine.protocol import (
+    ChatMessage,
+    EngineClient,
+    GenerationOutput,
+    GenerationRequest,
+    ToolCallDelta,
+)
 from api.errors import (
     DATABASE_UNAVAILABLE,
     describe_database_error,
     from_domain,
     model_not_found,
-    unsupported_parameter,
 )
 from api.metrics import Metrics
 from api.protocol import (
@@ -229,9 +234,11 @@ class ChatService:
         texts: dict[int, list[str]] = {i: [] for i in range(len(prepared.requests))}
         finish: dict[int, str] = {}
         logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(len(prepared.requests))}
+        calls: dict[int, list[ToolCallDelta]] = {i: [] for i in range(len(prepared.requests))}
         try:
             async for index, output in self._outputs(prepared, keepalive=None):
                 texts[index].append(output.text)
+                calls[index].extend(output.tool_calls)
                 logprobs[index].extend(_logprobs(output))
                 if output.finished:
                     finish[index] = output.finish_reason or "stop"
@@ -249,6 +256,7 @@ class ChatService:
                     "".join(texts[index]),
                     finish.get(index, "length"),
                     logprobs[index],
+                    calls[index],
                 )
                 for index in range(len(prepared.requests))
             ],
@@ -309,7 +317,13 @@ class ChatService:
             return _tool_events(prepared, index, output)
         events = []
         chunks = prepared.chunks
-        if prepared.want_logprobs and (output.text or output.logprobs):
+        if output.tool_calls:  # an upstream's own calls, with any text of the same chunk
+            logprobs = ChoiceLogprobs(content=_logprobs(output)) if prepared.want_logprobs else None
+            delta = Delta(
+                content=output.text or None, tool_calls=tools.delta_calls(output.tool_calls)
+            )
+            events.append(chunks.chunk(ChunkChoice(index=index, delta=delta, logprobs=logprobs)))
+        elif prepared.want_logprobs and (output.text or output.logprobs):
             logprobs = ChoiceLogprobs(content=_logprobs(output))
             delta = Delta(content=output.text)
             events.append(chunks.chunk(ChunkChoice(index=index, delta=delta, logprobs=logprobs)))
@@ -539,20 +553,21 @@ class ChatService:
                 )
 
 
-# What an upstream engine enforces itself, sent on as the client wrote it.
-UPSTREAM_FIELDS = {"response_format", "logit_bias"}
+# What an upstream engine enforces itself, sent on as the client wrote it; its tool calls come
+# back structured (`GenerationOutput.tool_calls`).
+UPSTREAM_FIELDS = {
+    "response_format",
+    "logit_bias",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 
 
 def _forwarded(request: ChatCompletionRequest, engine: EngineClient) -> dict[str, Any]:
-    """The request fields an upstream-served model gets verbatim (none for a local engine).
-    Tools are refused there for now: the upstream's structured `tool_calls` have no way back
-    through `GenerationOutput` yet, and a call silently lost is worse than a clear 400."""
+    """The request fields an upstream-served model gets verbatim (none for a local engine)."""
     if not engine.backends():
         return {}
-    if request.tools:
-        raise unsupported_parameter(
-            "tools", "is not supported yet for models served by an upstream server."
-        )
     return request.model_dump(
         include=UPSTREAM_FIELDS, exclude_none=True, by_alias=True, mode="json"
     )
@@ -582,9 +597,17 @@ def _choice(
     text: str,
     finish_reason: str,
     logprobs: list[TokenLogprob],
+    engine_calls: list[ToolCallDelta],
 ) -> Choice:
-    """A whole answer, its tool calls read out of the text where the request has tools."""
-    content, calls, finish_reason = tools.split_answer(prepared.plan, text, finish_reason)
+    """A whole answer, its tool calls read out of the text where the request has tools, or
+    the calls the engine returned itself (an upstream)."""
+    calls = tools.whole_calls(engine_calls)
+    if calls is not None:
+        content: str | None = text or None
+        if finish_reason == "stop":
+            finish_reason = "tool_calls"
+    else:
+        content, calls, finish_reason = tools.split_answer(prepared.plan, text, finish_reason)
     return Choice(
         index=index,
         message=AssistantMessage(content=content, tool_calls=calls),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,11 +303,13 @@ class ResponseEvents:
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
-    def feed(self, text: str, *, finished: bool) -> list[str]:
+    def feed(self, text: str, *, finished: bool, calls: Sequence[DeltaToolCall] = ()) -> list[str]:
+        """Events for a piece of text, and for `calls` an engine made itself (an upstream)."""
         if self.calls is None:
             content, deltas = text, list[DeltaToolCall]()
         else:
             content, deltas = self.calls.feed(text, finished=finished)
+        deltas += calls
         events = []
         if content:
             if not isinstance(self._open, OutputMessage):

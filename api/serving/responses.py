@@ -52,7 +52,7 @@ from api.serving.response_items import (
     to_chat,
 )
 from api.serving.streams import KEEPALIVE
-from api.serving.tools import StreamedCalls
+from api.serving.tools import StreamedCalls, delta_calls
 from api.settings import ApiSettings
 from billing import responses as stored
 from billing.db import session_scope
@@ -154,7 +154,8 @@ class ResponsesService:
                     yield ": keep-alive\n\n"
                 else:
                     output: GenerationOutput = item[1]
-                    for event in events.feed(output.text, finished=output.finished):
+                    calls = delta_calls(output.tool_calls)
+                    for event in events.feed(output.text, finished=output.finished, calls=calls):
                         yield event
                     if output.finished:
                         finish = output.finish_reason or "stop"

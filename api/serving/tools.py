@@ -19,7 +19,7 @@ from typing import Any
 
 import llguidance
 
-from api.engine.protocol import ChatMessage, Constraint, EngineClient
+from api.engine.protocol import ChatMessage, Constraint, EngineClient, ToolCallDelta
 from api.engine.protocol import ToolCall as EngineToolCall
 from api.engine.text import tool_calls
 from api.engine.text.tool_calls import (
@@ -322,3 +322,36 @@ class StreamedCalls:
 
     def finish_reason(self, reason: str) -> str:
         return "tool_calls" if self.calls and reason == "stop" else reason
+
+
+# ---- calls an engine made itself (an upstream's structured tool_calls) ----------------------
+
+
+def delta_calls(calls: Sequence[ToolCallDelta]) -> list[DeltaToolCall]:
+    """An engine's call pieces as `delta.tool_calls`: id, type and name once, then arguments."""
+    return [
+        DeltaToolCall(
+            index=call.index,
+            id=call.id,
+            type="function" if call.id is not None else None,
+            function=DeltaFunction(name=call.name, arguments=call.arguments),
+        )
+        for call in calls
+    ]
+
+
+def whole_calls(calls: Sequence[ToolCallDelta]) -> list[ToolCall] | None:
+    """An engine's call pieces assembled into whole calls, in index order (None: no calls)."""
+    started: dict[int, ToolCallDelta] = {}
+    arguments: dict[int, list[str]] = {}
+    for call in calls:
+        if call.id is not None:
+            started.setdefault(call.index, call)
+        arguments.setdefault(call.index, []).append(call.arguments)
+    return [
+        ToolCall(
+            id=call.id or call_id(),
+            function=FunctionCall(name=call.name or "", arguments="".join(arguments[index])),
+        )
+        for index, call in sorted(started.items())
+    ] or None

@@ -20,11 +20,13 @@ import pytest
 from sqlmodel import select
 
 from api.engine.protocol import ChatMessage
+from api.engine.text.tokenizer import TokenizerWrapper
 from api.engine.upstream.wire import prompt_bound
 from billing import ledger
 from billing.db import session_scope
 from billing.models import Hold, LedgerEntry
-from tests.api.conftest import free_port
+from tests import fake_upstream
+from tests.api.conftest import DEMO_MODEL, free_port
 from tests.api.upstreams import FakeUpstream, models_toml
 from tests.conftest import TEST_SECRET_KEY
 from tests.faults import poll
@@ -382,9 +384,7 @@ def _usage_entries(engine) -> list[LedgerEntry]:
         return list(session.exec(select(LedgerEntry).where(LedgerEntry.kind == "usage")).all())
 
 
-def test_response_format_goes_upstream_as_written_and_tools_are_refused_there(
-    fakes, serve, api_key, make_client, engine
-):
+def test_response_format_goes_upstream_as_written(fakes, serve, api_key, make_client, engine):
     upstream = fakes()
     client = make_client(serve(upstream.base_url), api_key)
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
@@ -393,11 +393,191 @@ def test_response_format_goes_upstream_as_written_and_tools_are_refused_there(
         model="big", messages=HELLO, max_tokens=2, response_format=response_format
     )
     assert upstream.state()["last_body"]["response_format"] == response_format
-    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="big", messages=HELLO, max_tokens=2, tools=[tool])
-    assert refused.value.body["param"] == "tools"
     assert (balance(engine).held, open_holds(engine)) == (0, 0)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def _assembled(chunks: list[Any]) -> dict[int, dict[str, Any]]:
+    """Streamed `delta.tool_calls` put together as a client does; id, type and name must come
+    once per call, in its first delta."""
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if delta.index not in calls:
+                assert delta.id and delta.type == "function" and delta.function.name
+                calls[delta.index] = {
+                    "id": delta.id,
+                    "type": delta.type,
+                    "name": delta.function.name,
+                    "arguments": delta.function.arguments or "",
+                }
+            else:
+                assert (delta.id, delta.type, delta.function.name) == (None, None, None)
+                calls[delta.index]["arguments"] += delta.function.arguments or ""
+    return calls
+
+
+def test_a_forced_tool_call_comes_back_as_tool_calls_and_is_billed_as_booked(
+    fakes, serve, api_key, make_client, engine
+):
+    upstream = fakes()
+    client = make_client(serve(upstream.base_url), api_key)
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    answer = client.chat.completions.create(
+        model="big",
+        messages=HELLO,
+        max_tokens=50,
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        parallel_tool_calls=False,
+    )
+    message = answer.choices[0].message
+    assert answer.choices[0].finish_reason == "tool_calls"
+    assert message.content is None
+    [call] = message.tool_calls
+    assert (call.id, call.type, call.function.name) == ("call_fake0", "function", "get_weather")
+    assert json.loads(call.function.arguments) == {
+        "city": "Paris",
+        "function": "get_weather",
+        "unit": "celsius",
+    }
+    sent = upstream.state()["last_body"]
+    assert (sent["tools"], sent["tool_choice"], sent["parallel_tool_calls"]) == (
+        [WEATHER, TIME],
+        choice,
+        False,
+    )
+    booked = entry(engine, answer.id)
+    usage = answer.usage
+    assert (booked.prompt_tokens, booked.completion_tokens) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
+    assert usage.completion_tokens == len(fake_upstream.call_deltas(["get_weather"]))
+    assert -booked.amount == usage.total_tokens
+    assert (balance(engine).held, open_holds(engine)) == (0, 0)
+
+
+def test_streamed_tool_call_deltas_assemble_to_the_calls_of_a_whole_answer(
+    fakes, serve, api_key, make_client, engine
+):
+    upstream = fakes()
+    client = make_client(serve(upstream.base_url), api_key)
+    ask = {
+        "model": "big",
+        "messages": HELLO,
+        "max_tokens": 100,
+        "tools": [WEATHER, TIME],
+        "tool_choice": "required",
+    }
+    whole = client.chat.completions.create(**ask).choices[0]
+    chunks = list(
+        client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+    )
+    streamed = _assembled(chunks)
+    assert [(c["id"], c["type"], c["name"], c["arguments"]) for c in streamed.values()] == [
+        (c.id, c.type, c.function.name, c.function.arguments) for c in whole.message.tool_calls
+    ]
+    assert [c["name"] for c in streamed.values()] == ["get_weather", "get_time"]
+    assert list(streamed) == [0, 1]
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finishes == ["tool_calls"] == [whole.finish_reason]
+    usage = chunks[-1].usage
+    booked = entry(engine, chunks[0].id)
+    assert (booked.prompt_tokens, booked.completion_tokens) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
+    assert usage.completion_tokens == len(fake_upstream.call_deltas(["get_weather", "get_time"]))
+    assert -booked.amount == usage.total_tokens
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_tool_calls_without_upstream_usage_are_billed_the_tokenizers_count_of_their_arguments(
+    stream, fakes, serve, api_key, make_client, engine
+):
+    server = serve(fakes(mode="no_usage").base_url, tokenizer=str(DEMO_MODEL))
+    client = make_client(server, api_key)
+    ask = {"model": "big", "messages": HELLO, "max_tokens": 200, "tools": [WEATHER, TIME]}
+    ask["tool_choice"] = "required"
+    tokenizer = TokenizerWrapper.from_file(DEMO_MODEL / "tokenizer.json")
+    deltas = fake_upstream.call_deltas(["get_weather", "get_time"])
+    if stream:
+        chunks = list(
+            client.chat.completions.create(
+                **ask, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        assert len(_assembled(chunks)) == 2
+        answer_id, usage = chunks[0].id, chunks[-1].usage
+        # one chunk a fragment, each at least one token
+        counted = sum(max(1, len(tokenizer.encode(d["function"]["arguments"]))) for d in deltas)
+    else:
+        answer = client.chat.completions.create(**ask)
+        assert len(answer.choices[0].message.tool_calls) == 2
+        answer_id, usage = answer.id, answer.usage
+        arguments = "".join(fake_upstream.call_arguments(n) for n in ("get_weather", "get_time"))
+        counted = len(tokenizer.encode(arguments))
+    assert usage.completion_tokens == counted
+    booked = entry(engine, answer_id)
+    assert (booked.prompt_tokens, booked.completion_tokens) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
+    assert -booked.amount == usage.total_tokens
+    assert (balance(engine).held, open_holds(engine)) == (0, 0)
+
+
+def test_a_conversation_with_a_tool_result_is_forwarded_as_sent_and_answered(
+    fakes, serve, api_key, make_client, engine
+):
+    upstream = fakes()
+    client = make_client(serve(upstream.base_url), api_key)
+    call = {
+        "id": "call_fake0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    messages = [
+        *HELLO,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_fake0", "content": "18C"},
+    ]
+    answer = client.chat.completions.create(
+        model="big", messages=messages, max_tokens=20, tools=[WEATHER]
+    )
+    assert answer.choices[0].message.content == "got 18C"
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].finish_reason == "stop"
+    assert upstream.state()["last_body"]["messages"] == messages
+    booked = entry(engine, answer.id)
+    assert (booked.prompt_tokens, booked.completion_tokens) == (
+        answer.usage.prompt_tokens,
+        answer.usage.completion_tokens,
+    )
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (
+        fake_upstream.prompt_tokens({"messages": messages}),
+        2,
+    )
 
 
 def test_a_prompt_held_at_its_bound_is_billed_the_upstreams_count_and_not_refused_here(
@@ -425,3 +605,32 @@ def test_n_choices_are_n_upstream_requests_billed_for_one_prompt(
     assert upstream.state()["last_body"]["seed"] in (40, 41)  # seed + choice index
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (UPSTREAM_PROMPT, 6)
     assert -entry(engine, answer.id).amount == UPSTREAM_PROMPT + 6
+
+
+def test_the_responses_api_returns_an_upstreams_calls_as_function_call_items(
+    fakes, serve, api_key, make_client, engine
+):
+    client = make_client(serve(fakes().base_url), api_key)
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": WEATHER["function"]["parameters"],
+    }
+    ask = {"model": "big", "input": "hello there", "tools": [tool], "tool_choice": "required"}
+    whole = client.responses.create(**ask)
+    events = list(client.responses.create(**ask, stream=True))
+    done = next(e for e in events if e.type == "response.completed").response
+    for response in (whole, done):
+        [item] = response.output
+        assert (item.type, item.call_id, item.name) == (
+            "function_call",
+            "call_fake0",
+            "get_weather",
+        )
+        assert item.arguments == fake_upstream.call_arguments("get_weather")
+        assert response.usage.output_tokens == len(fake_upstream.call_deltas(["get_weather"]))
+    streamed = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    assert streamed == fake_upstream.call_arguments("get_weather")
+    assert (balance(engine).held, open_holds(engine)) == (0, 0)

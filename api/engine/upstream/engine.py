@@ -11,6 +11,8 @@ Usage: the upstream's own figures wherever it reports them (`stream_options.incl
 a non-streamed answer's `usage`); where it reports none, tokens counted here: one a chunk, or the
 configured tokenizer's count of it where larger, or the logprobs' count where present, and, for
 an answer that ended at its length, the `max_tokens` it was given. Never above `max_tokens`.
+Tool calls the upstream returns structured (`tools` forwarded) count as completion tokens alike:
+their arguments' text is counted with the chunk's text.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
+import string
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -41,6 +45,7 @@ from api.engine.protocol import (
     FinishReason,
     GenerationOutput,
     GenerationRequest,
+    ToolCallDelta,
 )
 from api.engine.text.chat_template import ChatTemplate
 from api.engine.text.tokenizer import TokenizerWrapper
@@ -53,6 +58,7 @@ logger = logging.getLogger("tokenshop.upstream")
 # Statuses that say "this upstream cannot take it now", not "this request is wrong".
 _RETRY_STATUSES = {401, 403, 408, 429}
 _REJECT_AS_400 = {422}
+_ID_ALPHABET = string.ascii_letters + string.digits
 DRAIN_SECONDS = 0.5  # for the end of a body after `[DONE]`, which servers send at once
 
 
@@ -223,7 +229,7 @@ class UpstreamEngine(EngineClient):
             except (httpx.TransportError, ValueError, _StreamEnded) as exc:
                 raise _TryNext("cut", type(exc).__name__) from None
             backend.up = True
-            if first.text or first.finish_reason:
+            if first.text or first.finish_reason or first.tool_calls:
                 backend.observe_ttft(time.monotonic() - started)
             output = tally.add(first)
             if output is not None:
@@ -356,7 +362,13 @@ async def _first_piece(pieces: AsyncIterator[wire.Piece]) -> wire.Piece:
     async for piece in pieces:
         if piece.error is not None:
             raise _StreamEnded(piece.error)
-        if piece.text or piece.finish_reason or piece.logprobs or piece.completion_tokens:
+        if (
+            piece.text
+            or piece.tool_calls
+            or piece.finish_reason
+            or piece.logprobs
+            or piece.completion_tokens
+        ):
             return piece
     raise _StreamEnded("the stream ended before its first token")
 
@@ -372,6 +384,7 @@ class _Tally:
     reported_completion: int | None = None
     finish_reason: str | None = None
     done: bool = False
+    calls: set[int] = field(default_factory=set)  # indices of the tool calls started
 
     @property
     def prompt_tokens(self) -> int:
@@ -399,28 +412,54 @@ class _Tally:
                     self.request.request_id,
                     len(self.request.prompt_token_ids),
                 )
-        if piece.text or piece.logprobs:
-            self.counted += self._count(piece)
+        calls = self._calls(piece.tool_calls)
+        if piece.text or piece.logprobs or calls:
+            self.counted += self._count(piece, calls)
         if piece.finish_reason:
             self.finish_reason = piece.finish_reason
-        if not piece.text and not piece.logprobs:
+        if not piece.text and not piece.logprobs and not calls:
             return None
-        return self._output(piece.text, piece.logprobs, finished=False)
+        return self._output(piece.text, piece.logprobs, calls, finished=False)
 
     def finish(self) -> GenerationOutput:
         self.done = True
-        return self._output("", None, finished=True)
+        return self._output("", None, (), finished=True)
 
-    def _count(self, piece: wire.Piece) -> int:
+    def _calls(self, deltas: Sequence[ToolCallDelta]) -> tuple[ToolCallDelta, ...]:
+        """The upstream's call fragments as OpenAI streams them: a call's first piece with its
+        id (one made here if the upstream gave none) and name, the rest only arguments."""
+        calls = []
+        for delta in deltas:
+            if delta.index not in self.calls:
+                self.calls.add(delta.index)
+                call_id = delta.id or "call_" + "".join(
+                    secrets.choice(_ID_ALPHABET) for _ in range(24)
+                )
+                calls.append(ToolCallDelta(delta.index, delta.arguments, call_id, delta.name or ""))
+            elif delta.arguments:
+                calls.append(ToolCallDelta(delta.index, delta.arguments))
+        return tuple(calls)
+
+    def _count(self, piece: wire.Piece, calls: Sequence[ToolCallDelta]) -> int:
         if piece.logprobs:
             return len(piece.logprobs)
         tokenizer = self.engine.tokenizer
-        return max(1, len(tokenizer.encode(piece.text))) if tokenizer is not None else 1
+        if tokenizer is None:
+            return 1
+        text = piece.text + "".join(call.arguments for call in calls)
+        return max(1, len(tokenizer.encode(text)))
 
-    def _output(self, text: str, logprobs: Any, *, finished: bool) -> GenerationOutput:
+    def _output(
+        self, text: str, logprobs: Any, calls: tuple[ToolCallDelta, ...], *, finished: bool
+    ) -> GenerationOutput:
         reason: FinishReason | None = None
         if finished:
-            reason = "length" if self.finish_reason == "length" else "stop"
+            if self.finish_reason == "length":
+                reason = "length"
+            elif self.finish_reason == "tool_calls" or self.calls:
+                reason = "tool_calls"
+            else:
+                reason = "stop"
         return GenerationOutput(
             text=text,
             token_ids=[],
@@ -429,6 +468,7 @@ class _Tally:
             finished=finished,
             finish_reason=reason,
             logprobs=logprobs,
+            tool_calls=calls,
         )
 
 

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from api.engine.protocol import ChatMessage, GenerationRequest, TokenLogprob, TopLogprob
+from api.engine.protocol import (
+    ChatMessage,
+    GenerationRequest,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+)
 
 # Added to the UTF-8 length of a ChatML rendering when no tokenizer counts the prompt. Every
 # token of a byte-level or byte-fallback vocabulary covers at least one byte, ChatML's markers
@@ -60,16 +66,18 @@ def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
 
 
 def _message(message: ChatMessage) -> dict[str, Any]:
+    """A message as OpenAI's API takes it: an assistant's calls with `content` null where it
+    wrote none, a tool result with its `tool_call_id` (and no `name`, which OpenAI's tool
+    messages do not have)."""
     out: dict[str, Any] = {"role": message.role, "content": message.content}
-    tool_calls = getattr(message, "tool_calls", ())
-    if tool_calls:
+    if message.tool_calls:
+        out["content"] = message.content or None
         out["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in tool_calls
+            for c in message.tool_calls
         ]
-    for field in ("tool_call_id", "name"):
-        if getattr(message, field, None):
-            out[field] = getattr(message, field)
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
     return out
 
 
@@ -83,6 +91,7 @@ class Piece:
     prompt_tokens: int | None = None  # the upstream's usage, where it sent one
     completion_tokens: int | None = None
     error: str | None = None  # an error event in the stream
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # as sent: fragments or whole
 
 
 def parse_chunk(data: str) -> Piece:
@@ -96,6 +105,7 @@ def parse_chunk(data: str) -> Piece:
     for choice in document.get("choices") or []:
         delta = choice.get("delta") or {}
         piece.text += delta.get("content") or ""
+        piece.tool_calls += _tool_calls(delta.get("tool_calls"), streamed=True)
         piece.finish_reason = choice.get("finish_reason") or piece.finish_reason
         piece.logprobs = _logprobs(choice.get("logprobs"))
     return piece
@@ -107,9 +117,35 @@ def parse_completion(document: dict[str, Any]) -> Piece:
     for choice in document.get("choices") or []:
         message = choice.get("message") or {}
         piece.text += message.get("content") or ""
+        piece.tool_calls += _tool_calls(message.get("tool_calls"), streamed=False)
         piece.finish_reason = choice.get("finish_reason") or piece.finish_reason
         piece.logprobs = _logprobs(choice.get("logprobs"))
     return piece
+
+
+def _tool_calls(raw: Any, *, streamed: bool) -> list[ToolCallDelta]:
+    """`delta.tool_calls` fragments (each with its `index`), or a message's whole calls (their
+    position is the index). Anything that is not a call is skipped."""
+    if not isinstance(raw, list):
+        return []
+    calls = []
+    for position, call in enumerate(raw):
+        if not isinstance(call, dict):
+            continue
+        function: dict[str, Any] = call.get("function") or {}
+        if not isinstance(function, dict):
+            function = {}
+        index = call.get("index") if streamed else position
+        name, arguments, call_id = function.get("name"), function.get("arguments"), call.get("id")
+        calls.append(
+            ToolCallDelta(
+                index=index if isinstance(index, int) else position,
+                arguments=arguments if isinstance(arguments, str) else "",
+                id=call_id if isinstance(call_id, str) and call_id else None,
+                name=name if isinstance(name, str) and name else None,
+            )
+        )
+    return calls
 
 
 def _usage(document: dict[str, Any]) -> Piece:
