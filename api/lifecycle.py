@@ -35,6 +35,7 @@ logger = logging.getLogger("tokenshop.api")
 
 OPERATIONS = frozenset({"/health", "/ready", "/metrics"})  # answered while draining
 DRAINING_RETRY_AFTER_SECONDS = 1
+CLOSE_AFTER_CUT_SECONDS = 5.0  # what a cut response (and its connection) may take to end
 
 
 @dataclass
@@ -111,6 +112,7 @@ def uvicorn_exit() -> Callable[[], None]:
     lifespan starts), or the default action where there is none."""
     previous = signal.getsignal(signal.SIGTERM)
     if callable(previous):
+        _bound_connection_wait(previous)
         return lambda: previous(signal.SIGTERM, None)
 
     def default() -> None:
@@ -118,6 +120,16 @@ def uvicorn_exit() -> Callable[[], None]:
         os.kill(os.getpid(), signal.SIGTERM)
 
     return default
+
+
+def _bound_connection_wait(handler: Callable[..., Any]) -> None:
+    """uvicorn waits for every connection to close before it runs the lifespan's shutdown,
+    without limit unless `--timeout-graceful-shutdown` was given. A client that stopped reading
+    keeps a cut stream's unsent bytes in its socket, so that connection never closes and the
+    process would neither end its lease nor exit: where the server set no limit, set one."""
+    config = getattr(getattr(handler, "__self__", None), "config", None)
+    if config is not None and getattr(config, "timeout_graceful_shutdown", 0) is None:
+        config.timeout_graceful_shutdown = CLOSE_AFTER_CUT_SECONDS
 
 
 class Draining:
@@ -152,10 +164,12 @@ class Draining:
             if task not in self.lifecycle._cut:
                 raise
             task.uncancel()  # cut by `drain` after the grace: end the response cleanly
-            if not response["started"]:
-                await _draining().response()(scope, receive, send)
-            elif not response["complete"]:  # a stream ends here, without its [DONE]
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            with suppress(TimeoutError):  # unless the client stopped reading
+                async with asyncio.timeout(CLOSE_AFTER_CUT_SECONDS):
+                    if not response["started"]:
+                        await _draining().response()(scope, receive, send)
+                    elif not response["complete"]:  # a stream ends here, without its [DONE]
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.lifecycle._ended(task)
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
 from api.deps import ChatDep, KeyDep
 from api.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse
+from api.routes.streaming import EventStream
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 413, 429, 500, 503)
 }
@@ -29,12 +29,7 @@ async def create_chat_completion(
     if body.stream:
         prepared = await chat.prepare(body, caller.account_id, caller.key_id)
         events = await chat.start_stream(prepared)
-        return StreamingResponse(
-            events,
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-            background=BackgroundTask(chat.close, prepared),  # if the stream never ran
-        )
+        return EventStream(events, close=partial(chat.close, prepared))
     if idempotency_key:
         status, content = await chat.complete_once(
             body, caller.account_id, idempotency_key, caller.key_id

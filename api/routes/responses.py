@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
 from api.deps import KeyDep, ResponsesDep
 from api.protocol_responses import DeletedResponse, ResponseObject, ResponsesRequest
-from api.routes.chat import ERRORS, SSE_HEADERS
+from api.routes.chat import ERRORS
+from api.routes.streaming import EventStream
 
 router = APIRouter(prefix="/v1", tags=["responses"])
 
@@ -20,12 +22,7 @@ async def create_response(
     prepared = await service.prepare(body, caller.account_id, caller.key_id)
     if body.stream:
         events = await service.start_stream(prepared)
-        return StreamingResponse(
-            events,
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-            background=BackgroundTask(service.close, prepared),  # if the stream never ran
-        )
+        return EventStream(events, close=partial(service.close, prepared))
     response = await service.create(prepared)
     return JSONResponse(response.model_dump(mode="json"))
 
