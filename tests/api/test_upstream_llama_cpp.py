@@ -162,14 +162,16 @@ def test_a_dropped_stream_frees_the_upstreams_slot_within_a_second(llama, throug
             if received == 8:
                 break
     dropped = time.monotonic()
-    # the server answers one request at a time: this one waits unless the stream stopped
+    # the server answers one request at a time: this one waits unless the stream stopped (its
+    # 1,500 tokens would hold the slot for tens of seconds); a bound above the 1 s the slot
+    # takes on a quiet host, so that a loaded CI host does not fail it for its own slowness
     answer = httpx.post(
         f"{llama.base_url}/chat/completions",
         json={"model": "tiny", "messages": HELLO, "max_tokens": 1},
-        timeout=httpx.Timeout(1.0),
+        timeout=httpx.Timeout(10.0),
     )
     assert answer.status_code == 200
-    assert time.monotonic() - dropped < 1.0
+    assert time.monotonic() - dropped < 5.0
     poll(lambda: _open_holds(engine) == 0, within=5, what="the dropped stream settled")
     with session_scope(engine) as session:
         [entry] = session.exec(select(LedgerEntry).where(LedgerEntry.kind == "usage")).all()
