@@ -145,7 +145,9 @@ def bytes_per_token(path: Path) -> int:
 class Engine:
     """One llama.cpp context with a KV sequence per concurrent stream."""
 
-    def __init__(self, path: Path, threads: int, seqs: int, seq_ctx: int, flash: str) -> None:
+    def __init__(
+        self, path: Path, threads: int, seqs: int, seq_ctx: int, flash: str, unified: bool = False
+    ) -> None:
         import llama_cpp as ll
 
         self.ll = ll
@@ -161,13 +163,13 @@ class Engine:
         self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
         params = ll.llama_context_default_params()
         params.n_seq_max = seqs
-        params.n_ctx = seqs * seq_ctx  # split evenly between the sequences (kv_unified off)
+        params.n_ctx = seqs * seq_ctx  # split evenly between the sequences unless unified
         params.n_batch = max(2048, seq_ctx + seqs)  # a long prompt joins running streams whole
         params.n_ubatch = 512
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = {"on": 1, "off": 0, "auto": -1}[flash]
-        params.kv_unified = False  # the default; its docs: off when sequences share no prefix
+        params.kv_unified = unified  # off by default; llama-server's default with auto slots
         params.no_perf = True
         self.ctx = ll.llama_init_from_model(self.model, params)
         if not self.ctx:
@@ -183,7 +185,7 @@ class Engine:
             "n_ctx": params.n_ctx,
             "n_batch": params.n_batch,
             "n_ubatch": params.n_ubatch,
-            "kv_unified": False,
+            "kv_unified": unified,
             "type_k": {0: "f32", 1: "f16"}.get(params.type_k, params.type_k),
             "type_v": {0: "f32", 1: "f16"}.get(params.type_v, params.type_v),
             "load_mode": getattr(model_params, "load_mode", "default"),
@@ -254,7 +256,7 @@ class Engine:
 def serve(args: argparse.Namespace) -> int:
     import llama_cpp as ll
 
-    engine = Engine(args.model, args.threads, args.seqs, args.seq_ctx, args.flash)
+    engine = Engine(args.model, args.threads, args.seqs, args.seq_ctx, args.flash, args.kv_unified)
     hello = {
         "ready": True,
         "version": ll.__version__,
@@ -295,6 +297,7 @@ def main() -> int:
     p.add_argument("--seqs", type=int, default=17)
     p.add_argument("--seq-ctx", type=int, default=1024)
     p.add_argument("--flash", choices=("on", "off", "auto"), default="on")
+    p.add_argument("--kv-unified", action="store_true", help="one KV buffer for all sequences")
     args = parser.parse_args()
     if args.command == "convert":
         convert(args.src, args.out)
