@@ -47,9 +47,6 @@ REPORT_TAG = "serving-path"  # the metadata `edits_of` reads
 EDITS_KEY = "tokenshop.graph_edits"  # metadata: the edits applied, comma-separated, in order
 WEIGHTS_KEY = "tokenshop.weights"  # metadata: int4, int8 or float, as exported
 
-# The projections of an int4 or int8 export, before and after our kernels' edits: such a graph
-# takes a float16 KV cache under ENGINE_KV_CACHE_DTYPE=auto.
-QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "Int4MatMul", "Int8MatMul"}
 # The edits that put a node on our ops library.
 OUR_OP_EDITS = ("int4-matmul", "int8-matmul", "attention")
 
@@ -112,7 +109,7 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
         applied.append("int8-matmul")
     if fused and plan.attention_kernel and use_attention_kernel(proto) > 0:
         applied.append("attention")
-        quantized = any(node.op_type in QUANTIZED_OPS for node in proto.graph.node)
+        quantized = weights != "float"  # int4 or int8: the edits only change whose op runs them
         wants_half = plan.kv_cache_dtype == "float16"
         if (wants_half or (plan.kv_cache_dtype == "auto" and quantized)) and use_half_cache(proto):
             applied.append("half-cache")
@@ -127,7 +124,7 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
 
 def weights_of(proto: onnx.ModelProto) -> str:
     """What the export's projections are: int4 (`MatMulNBits`), int8 (dynamic quantization) or
-    float."""
+    float (an int4 or int8 graph takes a float16 KV cache under ENGINE_KV_CACHE_DTYPE=auto)."""
     ops = {node.op_type for node in proto.graph.node}
     if ops & {"MatMulNBits", "Int4MatMul"}:
         return "int4"
