@@ -8,12 +8,14 @@ Runs in the venv of llama-cpp-python (compiled from its sdist for this host's CP
 `compare.py` makes the venv) and the `gguf` package, so it imports nothing from this project.
 
 - `convert` writes the transformers dir that our exports and genai's are made from as a float32
-  GGUF with the `gguf` package: the tensors renamed by its own Qwen2 name map (no reordering:
-  llama.cpp ropes Qwen2 in the NeoX layout, as transformers does), the BPE vocabulary and merges
-  of `tokenizer.json` padded to the config's vocabulary size, as llama.cpp's own converter does.
+  GGUF with the `gguf` package, tensor by tensor: renamed by its own Qwen2 or Llama name map
+  (Qwen2 as is: llama.cpp ropes it in the NeoX layout, as transformers does; Llama's q/k rows
+  reordered and Llama 3's rope scaling written as `rope_freqs`, as llama.cpp's converter does),
+  the BPE vocabulary and merges of `tokenizer.json` padded to the config's vocabulary size.
 - `quantize` is llama.cpp's quantizer (`llama_model_quantize`), with its per-tensor rules: the
   tied embedding/head becomes q6_K under q4_0 and q4_K_M, and q4_K_M falls back to q5_0/q8_0 for
-  rows of 896 (not a multiple of 256), as it does on the real Qwen2.5-0.5B.
+  rows of 896 (not a multiple of 256), as it does on the real Qwen2.5-0.5B (1,536 and 3,072
+  are multiples of 256: the larger shapes keep q4_K/q6_K throughout).
 - `serve` loads one GGUF and answers one JSON command per stdin line with one `@@`-prefixed JSON
   line on stdout, like the other workers. llama-cpp-python's own server serves one request at a
   time, so concurrent streams run here as llama-server runs its parallel slots: one context with
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import sys
 import time
@@ -41,43 +44,108 @@ FTYPES = {"q8_0": 7, "q4_0": 2, "q4_K_M": 15}  # llama_ftype: LLAMA_FTYPE_MOSTLY
 # --- conversion ---------------------------------------------------------------------------------
 
 
+ARCHES = {"qwen2": "QWEN2", "llama": "LLAMA"}  # config model_type -> gguf.MODEL_ARCH
+
+
 def convert(src: Path, out: Path) -> None:
     import gguf
-    from safetensors.numpy import load_file
+    from safetensors import safe_open
 
     config = json.loads((src / "config.json").read_text())
-    if config["model_type"] != "qwen2":
-        raise SystemExit(f"convert: only Qwen2 dirs, not {config['model_type']}")
+    if config["model_type"] not in ARCHES:
+        raise SystemExit(f"convert: only {sorted(ARCHES)} dirs, not {config['model_type']}")
+    arch = getattr(gguf.MODEL_ARCH, ARCHES[config["model_type"]])
     blocks = config["num_hidden_layers"]
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, blocks)
-    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN2])
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    names = gguf.get_tensor_name_map(arch, blocks)
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     writer.add_name(src.name)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(blocks)
     writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _add_vocabulary(writer, src, config["vocab_size"])
-    files = sorted(src.glob("*.safetensors"))
-    for file in files:
-        for name, tensor in load_file(file).items():
-            if name == "lm_head.weight" and config.get("tie_word_embeddings"):
-                continue
-            mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-            if mapped is None:
-                raise SystemExit(f"convert: no GGUF name for {name}")
-            writer.add_tensor(mapped, np.ascontiguousarray(tensor, dtype=np.float32))
+    llama = config["model_type"] == "llama"
+    if llama:
+        writer.add_vocab_size(config["vocab_size"])
+        writer.add_rope_dimension_count(head_dim)
+    _add_vocabulary(writer, src, config["vocab_size"], "llama-bpe" if llama else "qwen2")
+    # Two passes, as llama.cpp's own converter writes a large model: every tensor's name and
+    # shape first, then the data one tensor at a time, so a 3B model's 12.8 GB of fp32 is never
+    # in memory at once.
+    plan: list[tuple[str, Path, str, tuple[int, ...]]] = []  # gguf name, file, hf name, shape
+    for file in sorted(src.glob("*.safetensors")):
+        with safe_open(file, framework="numpy") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if name == "lm_head.weight" and config.get("tie_word_embeddings"):
+                    continue
+                mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+                if mapped is None:
+                    raise SystemExit(f"convert: no GGUF name for {name}")
+                plan.append((mapped, file, name, tuple(f.get_slice(name).get_shape())))
+    factors = _llama3_rope_factors(config, head_dim) if llama else None
+    for mapped, _, _, shape in plan:
+        writer.add_tensor_info(mapped, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+    if factors is not None:
+        rope = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
+        writer.add_tensor_info(rope, factors.shape, factors.dtype, factors.nbytes)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for _, file, name, _ in plan:
+        with safe_open(file, framework="numpy") as f:
+            tensor = np.ascontiguousarray(f.get_tensor(name), dtype=np.float32)
+        if llama and name.endswith("self_attn.q_proj.weight"):
+            tensor = _permute(tensor, heads, heads)
+        elif llama and name.endswith("self_attn.k_proj.weight"):
+            tensor = _permute(tensor, heads, kv_heads)
+        writer.write_tensor_data(tensor)
+        del tensor
+    if factors is not None:
+        writer.write_tensor_data(factors)
     writer.close()
 
 
-def _add_vocabulary(writer: Any, src: Path, size: int) -> None:
+def _permute(weights: np.ndarray, heads: int, kv_heads: int) -> np.ndarray:
+    """llama.cpp's converter's reordering of Llama's q/k rows: transformers ropes the halves of
+    each head (NeoX layout), llama.cpp's `llama` arch ropes adjacent pairs."""
+    if kv_heads != heads:
+        heads = kv_heads
+    shape = weights.shape
+    return np.ascontiguousarray(
+        weights.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+    )
+
+
+def _llama3_rope_factors(config: dict[str, Any], head_dim: int) -> np.ndarray | None:
+    """Llama 3's rope scaling as llama.cpp's converter writes it: a `rope_freqs` tensor of one
+    factor per frequency (1 for short wavelengths, `factor` for long, smoothed between)."""
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+        return None
+    freqs = 1.0 / (config["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factor = scaling.get("factor", 8.0)
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old = scaling.get("original_max_position_embeddings", 8192)
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def _add_vocabulary(writer: Any, src: Path, size: int, pre: str) -> None:
     """The byte-level BPE of `tokenizer.json`, as llama.cpp's `gpt2` tokenizer model reads it."""
     import gguf
 
@@ -100,7 +168,7 @@ def _add_vocabulary(writer: Any, src: Path, size: int) -> None:
     settings = json.loads((src / "tokenizer_config.json").read_text())
     ids = {token: i for i, token in special.items()}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

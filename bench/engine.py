@@ -66,19 +66,96 @@ QWEN_SHAPE = dict(
     bos_token_id=0,
     eos_token_id=2,
 )
+# The shapes `bench/compare.py --shape` measures: each model's real config (as its config.json
+# on the hub has it; written here, no hub), random weights. Token ids are the demo tokenizer's
+# (models/demo: 2,048 ids, within every vocabulary here; its <|endoftext|> 0 and <|im_end|> 2
+# stand for the real BOS/EOS, and prompts are token ids anyway): the embedding and head keep
+# the real vocabulary's size, which is what decode reads.
+SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": {"model_type": "qwen2", **QWEN_SHAPE},
+    "qwen2.5-1.5b": {  # Qwen2.5-1.5B-Instruct's config.json
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "intermediate_size": 8960,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+    },
+    "llama-3.2-3b": {  # Llama-3.2-3B-Instruct's config.json
+        "model_type": "llama",
+        "hidden_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "rms_norm_eps": 1e-5,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+    },
+}
+DEFAULT_SHAPE = "qwen2.5-0.5b"
+INIT_STD = 0.02  # transformers' initializer_range for both families: N(0, 0.02) weights
 
 
-def build_source(src: Path = OUT / "src") -> Path:
-    """The random-weight transformers dir (seeded, tokenizer from models/demo), built once.
+def shape_config(shape: str, **overrides):  # noqa: ANN201 - a transformers PretrainedConfig
+    """The transformers config of `shape` (Qwen2Config or LlamaConfig)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    spec = {k: v for k, v in SHAPES[shape].items() if k != "model_type"} | overrides
+    kind = {"qwen2": Qwen2Config, "llama": LlamaConfig}[SHAPES[shape]["model_type"]]
+    return kind(**spec)
+
+
+def _copy_tokenizer(src: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(ROOT / "models" / "demo" / name, src / name)
+    shutil.copy2(ROOT / "models" / "demo" / "chat_template.jinja", src / "chat_template.jinja")
+
+
+def build_source(src: Path = OUT / "src", shape: str = DEFAULT_SHAPE) -> Path:
+    """The random-weight transformers dir of `shape` (seeded, tokenizer from models/demo), built
+    once.
 
     Kept apart from the export so other tools (bench/compare.py hands it to onnxruntime-genai's
-    model builder) start from the very same weights."""
+    model builder and llama.cpp's GGUF conversion) start from the very same weights. The 0.5B
+    shape is made as it always was (transformers' own init, seed 0); the larger ones are written
+    tensor by tensor (`write_random_weights`), so a 3B model's 12.8 GB of fp32 is never in
+    memory at once."""
     if (src / "config.json").exists() and (src / "tokenizer.json").exists():
+        return src
+    shutil.rmtree(src, ignore_errors=True)
+    if shape != DEFAULT_SHAPE:
+        print(f"writing a random {shape}-shaped model ...", flush=True)
+        src.mkdir(parents=True)
+        config = shape_config(shape)
+        write_random_weights(config, src)
+        _copy_tokenizer(src)
         return src
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    shutil.rmtree(src, ignore_errors=True)
     print("building a random Qwen2.5-0.5B-shaped model ...", flush=True)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN_SHAPE))
@@ -86,10 +163,76 @@ def build_source(src: Path = OUT / "src") -> Path:
     model.save_pretrained(src)
     del model
     gc.collect()
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy2(ROOT / "models" / "demo" / name, src / name)
-    shutil.copy2(ROOT / "models" / "demo" / "chat_template.jinja", src / "chat_template.jinja")
+    _copy_tokenizer(src)
     return src
+
+
+def parameter_shapes(config) -> dict[str, tuple[int, ...]]:  # noqa: ANN001
+    """transformers' parameter names and shapes for a Qwen2 or Llama config (tied head: none)."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    bias = config.model_type == "qwen2"  # Qwen2 has q/k/v biases; Llama 3.2 none
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            shapes[p + f"self_attn.{name}.weight"] = (rows, hidden)
+            if bias:
+                shapes[p + f"self_attn.{name}.bias"] = (rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (hidden, q)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    return shapes
+
+
+def write_random_weights(config, src: Path, seed: int = 0, shard_bytes: int = 2 << 30) -> None:  # noqa: ANN001
+    """`config` as a transformers dir with random weights, written shard by shard: N(0, 0.02)
+    matrices and embedding, zero biases, unit norms (transformers' init), one numpy generator
+    seeded `seed`. Peak memory is one shard (`shard_bytes`), not the model."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    config.save_pretrained(src)
+    rng = np.random.default_rng(seed)
+    shapes = parameter_shapes(config)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = int(np.prod(shape)) * 4
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    weight_map = {}
+    for index, names in enumerate(shards, 1):
+        file = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name in names:
+            shape = shapes[name]
+            if name.endswith("norm.weight"):
+                tensors[name] = np.ones(shape, np.float32)
+            elif name.endswith(".bias"):
+                tensors[name] = np.zeros(shape, np.float32)
+            else:
+                tensors[name] = rng.standard_normal(shape, dtype=np.float32)
+                tensors[name] *= INIT_STD
+            weight_map[name] = file
+        save_file(tensors, str(src / file), metadata={"format": "pt"})
+        del tensors
+    total = sum(int(np.prod(s)) * 4 for s in shapes.values())
+    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1))
+    generation = {"bos_token_id": 0, "eos_token_id": [2], "do_sample": False}
+    (src / "generation_config.json").write_text(json.dumps(generation, indent=1))
 
 
 def build_and_export() -> Path:
