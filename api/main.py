@@ -139,6 +139,7 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         ops_library=library,
         ops_missing=missing,
         kv_cache_dtype=settings.engine_kv_cache_dtype,
+        speculative_tokens=settings.engine_speculative_tokens,
     )
     if not settings.models_file:
         return await to_thread.run_sync(load_engines, settings.models, config)

@@ -70,6 +70,16 @@ class _EngineCollector(Collector):
             "How each model is served (always 1): its graph edits, kernels and weights.",
             labels=["model", "ops", "isa", "weights", "graph_edits"],
         )
+        drafts = CounterMetricFamily(
+            "tokenshop_engine_draft_tokens",
+            "Tokens drafted by prompt lookup and verified (speculative decoding).",
+            labels=["model"],
+        )
+        accepted = CounterMetricFamily(
+            "tokenshop_engine_accepted_draft_tokens",
+            "Drafted tokens that matched what the model generated.",
+            labels=["model"],
+        )
         fallbacks = GaugeMetricFamily(
             "tokenshop_engine_fallbacks",
             "Ways a model's serving path falls short of the optimized one (0: none).",
@@ -80,13 +90,15 @@ class _EngineCollector(Collector):
             active.add_metric([name], stats.active_sequences)
             queued.add_metric([name], stats.queued_sequences)
             batch.add_metric([name], stats.last_batch_size)
+            drafts.add_metric([name], stats.draft_tokens)
+            accepted.add_metric([name], stats.accepted_draft_tokens)
             path = engine.serving_path()
             if path is not None:
                 edits = ",".join(path.graph_edits)
                 labels = [name, path.ops, path.isa or "", path.weights, edits]
                 path_info.add_metric(labels, 1)
                 fallbacks.add_metric([name], len(path.fallbacks))
-        yield from (active, queued, batch, path_info, fallbacks)
+        yield from (active, queued, batch, path_info, fallbacks, drafts, accepted)
 
 
 class _UpstreamCollector(Collector):

@@ -67,6 +67,10 @@ class ApiSettings(BillingSettings):
     # of each key and value (tests/engine/model/test_half_cache.py bounds it); "auto" takes it for
     # quantized exports, whose weights already trade exactness, and keeps fp32 exports exact.
     engine_kv_cache_dtype: KvCacheDtype = "auto"
+    # Most tokens a decode step drafts and verifies per sequence by prompt lookup (speculative
+    # decoding, api/engine/runtime/speculation.py), where the graph can verify them and only
+    # while they pay: the text is the same with or without; 0 turns it off.
+    engine_speculative_tokens: int = Field(default=4, ge=0, le=16)
     # Upstream OpenAI-compatible servers of the models file (api/engine/upstream/): how often
     # each is health-checked, how long a connection may take, how long the first token may take
     # before the request fails over to the next upstream, and the longest gap between tokens.

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from api.engine.graph.fused_attention import SEQLENS, TOTAL  # noqa: E402
 from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
 from api.engine.model.session_cache import default_cache_dir  # noqa: E402
+from api.engine.model.spec import LOGITS_POSITIONS  # noqa: E402
 from api.engine.ops.library import default_library, preferred_library  # noqa: E402
 from bench.engine import OUT  # noqa: E402
 
@@ -61,6 +62,8 @@ class Decoder:
         self.buffers = [np.zeros(shape, spec.kv_dtype) for _ in spec.past_names]
         self.binding = model.session.io_binding()
         self.binding.bind_output("logits")  # first: outputs come back in binding order
+        if model.logits_positions:
+            self.binding.bind_cpu_input(LOGITS_POSITIONS, np.ones(1, np.int64))
         for past, present, buffer in zip(
             spec.past_names, spec.present_names, self.buffers, strict=True
         ):

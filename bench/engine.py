@@ -46,6 +46,7 @@ sys.path.insert(0, os.environ.get("BENCH_ENGINE_ROOT", str(ROOT)))
 
 from api.engine.local_engine import LocalEngine  # noqa: E402
 from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
+from api.engine.model.spec import LOGITS_POSITIONS  # noqa: E402
 from api.engine.ops.library import preferred_library  # noqa: E402
 from api.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 from api.engine.runtime.scheduler import SchedulerLimits  # noqa: E402
@@ -273,6 +274,8 @@ def bare_loop(model: OnnxCausalLM, ids: list[int], tokens: int) -> tuple[float, 
         "position_ids": np.arange(n, dtype=np.int64)[None],
     }
     feed.update(zip(spec.past_names, model.empty_past(1), strict=True))
+    logits_positions = {LOGITS_POSITIONS: np.ones(1, np.int64)} if model.logits_positions else {}
+    feed.update(logits_positions)
     logits, *past = session.run(names, feed)
     token = int(np.argmax(logits[0, -1]))
     first = time.perf_counter()
@@ -284,6 +287,7 @@ def bare_loop(model: OnnxCausalLM, ids: list[int], tokens: int) -> tuple[float, 
             "position_ids": np.array([[length]], np.int64),
         }
         feed.update(zip(spec.past_names, past, strict=True))
+        feed.update(logits_positions)
         logits, *past = session.run(names, feed)
         token = int(np.argmax(logits[0, -1]))
     end = time.perf_counter()

@@ -232,11 +232,14 @@ class LocalEngine(EngineClient):
 
     def stats(self) -> EngineStats:
         active, queued = self.scheduler.counts()
+        speculator = self.scheduler.speculator
         return EngineStats(
             active_sequences=active,
             queued_sequences=queued,
             last_batch_size=self.scheduler.last_batch_size,
             steps=self.scheduler.steps,
+            draft_tokens=speculator.proposed if speculator else 0,
+            accepted_draft_tokens=speculator.accepted if speculator else 0,
         )
 
     async def start(self) -> None:

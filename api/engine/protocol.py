@@ -177,6 +177,9 @@ class EngineStats:
     queued_sequences: int
     last_batch_size: int
     steps: int
+    # Prompt-lookup drafts verified and accepted (runtime/speculation.py); 0 where none are made
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 class EngineClient(ABC):

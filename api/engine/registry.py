@@ -36,6 +36,7 @@ class EngineConfig:
     ops_library: Path | None = None  # our ops (`ops/library.py`); None: ONNX Runtime's
     ops_missing: str | None = None  # why ops_library is None, for each model's serving path
     kv_cache_dtype: KvCacheDtype = "auto"  # the KV cache's element type (protocol.KvCacheDtype)
+    speculative_tokens: int = 4  # drafts a decode step may verify per sequence (0: none)
 
     @property
     def limits(self) -> SchedulerLimits:
@@ -45,6 +46,7 @@ class EngineConfig:
             max_prefill_tokens=self.max_prefill_tokens,
             prefix_cache_bytes=self.prefix_cache_mb << 20,
             arrival_wait_seconds=self.arrival_wait_ms / 1000,
+            speculative_tokens=self.speculative_tokens,
         )
 
 

@@ -267,6 +267,8 @@ class ListQueue(list):
 
 
 def manual_sequence(engine: LocalEngine, request: GenerationRequest) -> Sequence:
+    """A sequence as `LocalEngine.generate` makes it, for a scheduler stepped by hand."""
+    constraint = request.params.constraint
     return Sequence(
         request=request,
         tokenizer=engine.tokenizer,
@@ -274,6 +276,7 @@ def manual_sequence(engine: LocalEngine, request: GenerationRequest) -> Sequence
         context_length=engine.context_length,
         loop=ImmediateLoop(),  # type: ignore[arg-type]
         queue=ListQueue(),  # type: ignore[arg-type]
+        matcher=engine.grammars.matcher(constraint) if constraint else None,
     )
 
 

@@ -1,14 +1,17 @@
-"""A load-time graph edit: compute logits for the last position only.
+"""A load-time graph edit: compute logits for the last positions only (by default one).
 
 An Optimum decoder returns logits for every input position, but generation reads only the last
 one; at prefill that is the LM head over every prompt token and a `seq x vocab` tensor. A
-`Slice` keeps the last position of the hidden state that feeds the head. Exact, because from
+`Slice` keeps the last positions of the hidden state that feeds the head: how many is the graph
+input `LOGITS_POSITIONS` (`model/spec.py`): 1, or more where a speculative step verifies its
+drafts (`runtime/speculation.py`). Exact, because from
 there to `logits` everything works position by position (the head, then element-wise ops with
 constant operands); any other shape of graph is left alone (`slice_last_position` returns
 False) and the engine reads `logits[:, -1]`. One exception is sliced on purpose: ONNX Runtime's
 dynamic int8 head, whose activation scale spans the positions it is given, so the last
-position gets a scale of its own, as on every decode step. Only the graph proto is read, not
-the weights. Figures: bench/results/2026-11-26-kernel-notes.md.
+position gets a scale of its own, as on every decode step (a call that asks for several shares
+one; our `Int8MatMul`, which replaces that head where it runs, scales each row on its own).
+Only the graph proto is read, not the weights. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from api.engine.model.spec import LOGITS_POSITIONS
 
 if TYPE_CHECKING:
     import onnx
@@ -25,11 +30,13 @@ _RESCALE = {"Mul", "Cast"}  # an int8 head's int32 result back to float
 # Ops that act on each position on their own when their other operands are constants.
 _PER_POSITION = {"Cast", "Identity", "Mul", "Div", "Add", "Sub", "Tanh"}
 _PREFIX = "tokenshop_last_position"
-EDIT_TAG = "last-position-logits-v2"  # part of the optimized-graph cache key: bump on any change
+# Part of the optimized-graph cache key: bump on any change (v3: the count is an input).
+EDIT_TAG = "last-position-logits-v3"
 
 
 def slice_last_position(model: onnx.ModelProto) -> bool:
-    """Edit `model` in place so `logits` covers the last position; False if it cannot be done."""
+    """Edit `model` in place so `logits` covers the last `LOGITS_POSITIONS` positions (1 unless
+    a call says otherwise); False if it cannot be done."""
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
     constants = {init.name for init in graph.initializer} | {
@@ -46,7 +53,7 @@ def slice_last_position(model: onnx.ModelProto) -> bool:
         return False
     _insert_slice(model, head, hidden)
     logits.type.tensor_type.shape.dim[1].Clear()
-    logits.type.tensor_type.shape.dim[1].dim_value = 1
+    logits.type.tensor_type.shape.dim[1].dim_param = LOGITS_POSITIONS
     return True
 
 
@@ -116,13 +123,19 @@ def _feeds_others(graph: onnx.GraphProto, name: str, consumer: onnx.NodeProto) -
 
 
 def _insert_slice(model: onnx.ModelProto, consumer: onnx.NodeProto, hidden: str) -> None:
-    from onnx import helper, numpy_helper
+    """`hidden[:, -count:]` into `consumer`, `count` the graph input `LOGITS_POSITIONS` (an
+    input, not an initializer a call may override: ONNX Runtime's I/O binding binds inputs
+    only)."""
+    from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
     starts, ends, axes, sliced = (f"{_PREFIX}_{part}" for part in ("starts", "ends", "axes", "out"))
-    for name, value in ((starts, -1), (ends, np.iinfo(np.int64).max), (axes, 1)):
+    graph.input.append(helper.make_tensor_value_info(LOGITS_POSITIONS, TensorProto.INT64, [1]))
+    for name, value in ((ends, np.iinfo(np.int64).max), (axes, 1)):
         graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), name))
+    negate = helper.make_node("Neg", [LOGITS_POSITIONS], [starts], name=f"{_PREFIX}_neg")
     node = helper.make_node("Slice", [hidden, starts, ends, axes], [sliced], name=_PREFIX)
     index = list(graph.node).index(consumer)
     graph.node.insert(index, node)
+    graph.node.insert(index, negate)
     consumer.input[0] = sliced

@@ -46,6 +46,9 @@ KV_CACHE_TAG = "kv-cache"  # + the asked type, where it is not float32
 REPORT_TAG = "serving-path"  # the metadata `edits_of` reads
 EDITS_KEY = "tokenshop.graph_edits"  # metadata: the edits applied, comma-separated, in order
 WEIGHTS_KEY = "tokenshop.weights"  # metadata: int4, int8 or float, as exported
+# metadata: "1" where ONNX Runtime's dynamic int8 quantization is left, whose activation scale
+# spans every row and position of a call: a row's logits then depend on what shares its call
+SHARED_SCALES_KEY = "tokenshop.shared_scales"
 
 # The edits that put a node on our ops library.
 OUR_OP_EDITS = ("int4-matmul", "int8-matmul", "attention")
@@ -116,8 +119,15 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
     if not applied:
         return str(model_file)
     props = {p.key: p.value for p in proto.metadata_props}
+    shared = any(node.op_type == "DynamicQuantizeLinear" for node in proto.graph.node)
     onnx.helper.set_model_props(
-        proto, {**props, EDITS_KEY: ",".join(applied), WEIGHTS_KEY: weights}
+        proto,
+        {
+            **props,
+            EDITS_KEY: ",".join(applied),
+            WEIGHTS_KEY: weights,
+            SHARED_SCALES_KEY: "1" if shared else "0",
+        },
     )
     return proto.SerializeToString()
 
@@ -131,6 +141,12 @@ def weights_of(proto: onnx.ModelProto) -> str:
     if ops & {"MatMulInteger", "Int8MatMul"}:
         return "int8"
     return "float"
+
+
+def scales_shared(metadata: dict[str, str]) -> bool:
+    """Whether a session's graph quantizes activations with one scale per call (ONNX Runtime's
+    dynamic int8), so a row's logits depend on the rows and positions it shares a call with."""
+    return metadata.get(SHARED_SCALES_KEY, "1") != "0"
 
 
 def edits_of(metadata: dict[str, str]) -> tuple[tuple[str, ...], str]:

@@ -24,10 +24,10 @@ import onnxruntime as ort
 from api.engine.errors import ModelLoadError
 from api.engine.graph.attention import takes_left_padding
 from api.engine.graph.int8_matmul import runs_faster_here as int8_kernel_runs_faster
-from api.engine.graph.pipeline import EditPlan, can_edit, edited_graph, edits_of
+from api.engine.graph.pipeline import EditPlan, can_edit, edited_graph, edits_of, scales_shared
 from api.engine.model.serving_path import describe
 from api.engine.model.session_cache import open_session
-from api.engine.model.spec import SEQLENS
+from api.engine.model.spec import LOGITS_POSITIONS, SEQLENS
 from api.engine.ops.library import huge_page_bytes
 from api.engine.ops.library import register as register_ops
 from api.engine.protocol import KvCacheDtype
@@ -164,9 +164,15 @@ def _logits_output(session: ort.InferenceSession) -> ort.NodeArg:
 
 
 def _last_position_only(session: ort.InferenceSession) -> bool:
-    """Whether the graph's `logits` has a sequence dim of 1 (the edit sets it)."""
+    """Whether the graph's `logits` has a sequence dim of 1, or of `LOGITS_POSITIONS` (the
+    edit's input, 1 unless a call says otherwise)."""
     logits = _logits_output(session)
-    return len(logits.shape) == 3 and logits.shape[1] == 1
+    return len(logits.shape) == 3 and (logits.shape[1] == 1 or _counts_logits_positions(session))
+
+
+def _counts_logits_positions(session: ort.InferenceSession) -> bool:
+    """Whether a call may ask for the logits of its last few positions (`LOGITS_POSITIONS`)."""
+    return any(i.name == LOGITS_POSITIONS for i in session.get_inputs())
 
 
 def session_options(threads: int | None, ops_library: Path | None = None) -> ort.SessionOptions:
@@ -248,7 +254,8 @@ class OnnxCausalLM:
         if ops_library is not None:
             held = huge_page_bytes(ops_library) / 1e6
             log.info("%s loaded; our ops' weights on 2 MB pages, process-wide: %.0f MB", path, held)
-        edits, weights = edits_of(self.session.get_modelmeta().custom_metadata_map)
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        edits, weights = edits_of(metadata)
         self.serving_path = describe(
             edits,
             weights,
@@ -259,6 +266,11 @@ class OnnxCausalLM:
             int8_kernel=int8_kernel,
         )
         self.last_position_only = _last_position_only(self.session)
+        # Whether a call can have the logits of its last few positions (a speculative step's)
+        self.logits_positions = _counts_logits_positions(self.session)
+        # Whether each position's logits are those it would get in a call of its own: not
+        # where activations share a quantization scale (then drafts are not verified)
+        self.positions_independent = not scales_shared(metadata)
         self.spec = _inspect(self.session, model_file, self.config)
         if kv_cache_dtype == "float16" and self.spec.kv_dtype != np.float16:
             log.warning(
@@ -290,17 +302,20 @@ class OnnxCausalLM:
         if self.spec.has_position_ids:
             feed["position_ids"] = position_ids.astype(np.int64, copy=False)
         feed.update(zip(self.spec.past_names, past, strict=True))
+        if self.logits_positions:
+            feed[LOGITS_POSITIONS] = np.ones(1, np.int64)
         logits, *presents = self.session.run(self._output_names, feed)
         return self.last_logits(logits), presents
 
-    def logits_buffer(self, rows: int) -> np.ndarray | None:
-        """An array `[rows, 1, vocab]` to bind the logits of up to `rows` rows to, or None when
-        the graph's logits have no fixed shape per row (every position, or an unknown vocab)."""
+    def logits_buffer(self, positions: int) -> np.ndarray | None:
+        """An array `[positions, vocab]` whose first rows x width rows, seen as `[rows, width,
+        vocab]`, a call's logits are bound to, or None when the graph's logits have no fixed
+        size per position (every position, or an unknown vocab)."""
         logits = _logits_output(self.session)
         vocab, dtype = logits.shape[-1], _ORT_TYPES.get(logits.type)
         if not self.last_position_only or not isinstance(vocab, int) or dtype is None:
             return None
-        return np.empty((rows, 1, vocab), dtype)
+        return np.empty((positions, vocab), dtype)
 
     @staticmethod
     def last_logits(logits: np.ndarray) -> np.ndarray:

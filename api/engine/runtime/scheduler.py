@@ -7,7 +7,8 @@ most `max_prefill_tokens` prompt tokens on prefill (`prefill.py`: short prompts 
 batched, a long one in chunks over several iterations), admitting requests that arrive meanwhile
 while the budget lasts, sampling a request's first token when its prompt is complete and joining
 its cache to the batch; run ONE batched decode call that adds a
-token to every active sequence; sample all rows at once; hand each request its delta; filter out
+token to every active sequence (or, where drafts from prompt lookup pay, one call that verifies
+them: `speculation.py`); sample all rows at once; hand each request its delta; filter out
 finished sequences, keeping their keys/values for a next turn. ONNX Runtime releases the
 GIL while it runs, so the asyncio loop stays responsive; results cross to it with
 `loop.call_soon_threadsafe`, once per loop per step, so the event loop never waits on this thread.
@@ -33,6 +34,7 @@ from api.engine.runtime.prefix_cache import PrefixCache
 from api.engine.runtime.sampling import sample
 from api.engine.runtime.sequence import Sequence
 from api.engine.runtime.slot_batch import SlotBatch
+from api.engine.runtime.speculation import Drafting, PromptLookup, Speculator
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,9 @@ class SchedulerLimits:
     # How long an idle batch may wait for requests said to be on their way (`expect`) before
     # prefilling what has arrived; 0: never waits.
     arrival_wait_seconds: float = 0.05
+    # Most drafted tokens one decode step verifies per sequence (prompt-lookup speculative
+    # decoding, `speculation.py`); 0: none. Drafts are used only where they pay.
+    speculative_tokens: int = 4
 
 
 class Scheduler:
@@ -70,10 +75,12 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._prefilling: list[Prefill] = []
         self._batch: PaddedBatch | SlotBatch = (
-            SlotBatch(model, limits.max_active_sequences)
+            SlotBatch(model, limits.max_active_sequences, max_drafts=limits.speculative_tokens)
             if model.spec.shared_kv
             else PaddedBatch(model)
         )
+        drafts = self._batch.max_drafts if isinstance(self._batch, SlotBatch) else 0
+        self.speculator = Speculator(drafts) if drafts else None
         cache_bytes = limits.prefix_cache_bytes
         self._prefixes = PrefixCache(cache_bytes) if cache_bytes else None
         self.error: BaseException | None = None
@@ -336,12 +343,74 @@ class Scheduler:
         return deliveries, sum(call.tokens * len(call.group) for call in calls)
 
     def _decode(self) -> list[tuple[Sequence, GenerationOutput]]:
-        """One decode step for every active sequence."""
-        logits = self._batch.decode()
+        """One decode step for every active sequence: a token each, or, where drafts pay,
+        one or more each (`_verify`)."""
+        started = time.perf_counter()
+        seqs = self._batch.seqs
+        drafts = self._drafts(seqs)
         self.steps += 1
-        self.last_batch_size = len(self._batch.seqs)
-        choices = sample(logits, [s.sampler for s in self._batch.seqs])
-        return [(s, s.append(c)) for s, c in zip(self._batch.seqs, choices, strict=True)]
+        self.last_batch_size = len(seqs)
+        if any(drafts):
+            deliveries, matched = self._verify(drafts)
+        else:
+            choices = sample(self._batch.decode(), [s.sampler for s in seqs])
+            deliveries = [(s, s.append(c)) for s, c in zip(seqs, choices, strict=True)]
+            matched = [0] * len(seqs)
+        if self.speculator is not None:
+            rows = [s.drafting for s in seqs]
+            seconds = time.perf_counter() - started
+            self.speculator.record(rows, drafts, matched, seconds)  # type: ignore[arg-type]
+        return deliveries
+
+    def _drafts(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Each decoding sequence's drafts for this step ([] each when not speculating)."""
+        batch = self._batch
+        if self.speculator is None or not isinstance(batch, SlotBatch):
+            return [[] for _ in seqs]
+        for seq in seqs:
+            if seq.drafting is None:
+                seq.drafting = Drafting(PromptLookup(seq.request.prompt_token_ids, seq.output_ids))
+        if not batch.can_verify():
+            return [[] for _ in seqs]
+        # Every row's cache grows by the step's width, its padding included.
+        context = self.model.context_length
+        context_room = min(context - s.prompt_len - len(s.output_ids) for s in seqs)
+        rows = [
+            (s.drafting, min(s.request.params.max_tokens - len(s.output_ids) - 1, context_room))
+            for s in seqs
+        ]
+        return self.speculator.drafts(rows)  # type: ignore[arg-type]
+
+    def _verify(
+        self, drafts: list[list[int]]
+    ) -> tuple[list[tuple[Sequence, GenerationOutput]], list[int]]:
+        """Verify every row's drafts in one call. Each position is sampled as a decode step
+        samples it (same state, same draws), and a row takes drafts while they equal those
+        samples, then the sample that differs (or follows the last draft): the text decoding
+        without drafts gives. Returns the deliveries and the drafts each row matched."""
+        batch = self._batch
+        assert isinstance(batch, SlotBatch)  # the only batch `_drafts` drafts for
+        seqs = batch.seqs
+        logits = batch.verify(drafts)
+        deliveries: list[tuple[Sequence, GenerationOutput]] = []
+        kept, matched = [0] * len(seqs), [0] * len(seqs)
+        active = list(range(len(seqs)))
+        for position in range(logits.shape[1]):
+            if not active:
+                break
+            choices = sample(logits[active, position], [seqs[r].sampler for r in active])
+            going = []
+            for row, choice in zip(active, choices, strict=True):
+                seq, draft = seqs[row], drafts[row]
+                deliveries.append((seq, seq.append(choice)))
+                kept[row] += 1
+                if position < len(draft) and choice.token_id == draft[position]:
+                    matched[row] += 1
+                    if not seq.finished:
+                        going.append(row)
+            active = going
+        batch.settle(kept)
+        return deliveries, matched
 
     def _filter(self) -> None:
         self._keep_prefixes()  # outside the lock: copying may take a few ms

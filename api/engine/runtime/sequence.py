@@ -21,6 +21,7 @@ from api.engine.protocol import (
     TopLogprob,
 )
 from api.engine.runtime.sampling import SamplerState, TokenChoice
+from api.engine.runtime.speculation import Drafting
 from api.engine.text.stops import StopStringMatcher
 from api.engine.text.tokenizer import IncrementalDetokenizer, TokenizerWrapper
 
@@ -41,6 +42,7 @@ class Sequence:
     finished: bool = False
     aborted: bool = False
     cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache
+    drafting: Drafting | None = None  # its prompt lookup, once it decodes with drafts
     _detok: IncrementalDetokenizer = field(init=False)
     _stops: StopStringMatcher = field(init=False)
 

@@ -8,7 +8,10 @@ order of `seqs`; a prompt being prefilled owns a row above them and is swapped d
 complete; a leaving sequence is replaced by the last decoding row; such moves copy one row, and
 only when the batch changes. Capacity doubles (up to the context) when a row would overflow.
 Where the graph returns the last position only, the logits are bound too, to one buffer
-written in place by every call. Figures: bench/results/2026-11-26-kernel-notes.md.
+written in place by every call. A speculative step (`verify`) feeds each row its last token and
+drafts, has the logits of all those positions, and keeps what the scheduler accepted (`settle`):
+keys and values of rejected drafts stay past the row's length, where nothing reads them.
+Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -17,18 +20,19 @@ import numpy as np
 import onnxruntime as ort
 
 from api.engine.model.causal_lm import OnnxCausalLM
-from api.engine.model.spec import SEQLENS, TOTAL
+from api.engine.model.spec import LOGITS_POSITIONS, SEQLENS, TOTAL
 from api.engine.runtime.prefill import Grouping, Prefill, PrefillCall
 from api.engine.runtime.prefix_cache import PrefixHit
 from api.engine.runtime.sequence import Sequence
 
 INITIAL_CAPACITY = 256
+MAX_BINDINGS = 16  # cached I/O bindings, one per (first row, rows, capacity, logits positions)
 
 
 class SlotBatch:
     """Decoding sequences and prompts being prefilled, over one shared KV buffer."""
 
-    def __init__(self, model: OnnxCausalLM, slots: int) -> None:
+    def __init__(self, model: OnnxCausalLM, slots: int, *, max_drafts: int = 0) -> None:
         spec = model.spec
         self.model = model
         self.capacity = min(INITIAL_CAPACITY, model.context_length)
@@ -40,8 +44,13 @@ class SlotBatch:
         # ONNX Runtime's attention takes one prompt per call; ours takes whole prompts of
         # different lengths left-padded in one (the weights are read once for all of them).
         self.grouping: Grouping = "padded" if model.spec.padded_prefill else "single"
-        self._binding: tuple[tuple[int, int, int], ort.IOBinding] | None = None
-        self._logits = model.logits_buffer(slots)  # None: ONNX Runtime allocates them
+        self._bindings: dict[tuple[int, int, int, int], ort.IOBinding] = {}
+        # Drafts a step can verify: 0 where the graph returns one position only, or where a
+        # position's logits would depend on the others in its call (the text must not change).
+        verifies = model.logits_positions and model.positions_independent
+        self.max_drafts = max_drafts if verifies else 0
+        # None: ONNX Runtime allocates the logits
+        self._logits = model.logits_buffer(slots * (self.max_drafts + 1))
 
     # ---- the scheduler's operations ----------------------------------------------------------
 
@@ -118,6 +127,29 @@ class SlotBatch:
         self._lengths[:count] += 1
         return logits
 
+    def can_verify(self) -> bool:
+        """Whether `verify` can run the batch as it is: ONNX Runtime's attention takes several
+        new tokens over a cache for one row only; ours, for any."""
+        return self.max_drafts > 0 and (self.model.spec.padded_prefill or len(self.seqs) == 1)
+
+    def verify(self, drafts: list[list[int]]) -> np.ndarray:
+        """Every decoding sequence's last token and its `drafts` in one call: logits
+        `[rows, width, vocab]`, width one more than the longest draft list (a shorter one is
+        padded; its padding's logits mean nothing). Position j's logits give the token after
+        draft j (after the last token, for j = 0). Lengths stay until `settle`."""
+        count, width = len(self.seqs), 1 + max(len(d) for d in drafts)
+        ids = np.zeros((count, width), np.int64)
+        for row, (seq, draft) in enumerate(zip(self.seqs, drafts, strict=True)):
+            ids[row, 0] = seq.last_token
+            ids[row, 1 : 1 + len(draft)] = draft
+        positions = self._lengths[:count, None] + np.arange(width)
+        return self._run(0, ids, positions, self._lengths[:count] + width, logits=width)
+
+    def settle(self, kept: list[int]) -> None:
+        """After `verify`: row r's cache holds its last token and its first `kept[r] - 1`
+        drafts (the tokens it took, less the newest, which the next step feeds)."""
+        self._lengths[: len(kept)] += np.array(kept, np.int64)
+
     def drop_finished(self) -> None:
         """Sequences that finished or were aborted leave; the last row fills each hole."""
         for seq in [s for s in self.seqs if s.finished or s.aborted]:
@@ -185,17 +217,24 @@ class SlotBatch:
             new[:, :, :filled] = old[:, :, :filled]
             self._buffers[i] = new
         self.capacity, self._shape = capacity, shape
+        self._bindings.clear()  # they point into the old buffers
 
     # ---- the graph call ------------------------------------------------------------------------
 
     def _run(
-        self, first_row: int, ids: np.ndarray, positions: np.ndarray, totals: np.ndarray
+        self,
+        first_row: int,
+        ids: np.ndarray,
+        positions: np.ndarray,
+        totals: np.ndarray,
+        logits: int = 1,
     ) -> np.ndarray:
         """Run rows `[first_row, first_row + len(ids))` whose totals after this call are
-        `totals`; the cache is read and written in place."""
+        `totals`; the cache is read and written in place. The last position's logits `[rows,
+        vocab]`, or, for `logits` > 1, the last `logits` positions' `[rows, logits, vocab]`."""
         self._reserve(int(totals.max()))
         model, spec = self.model, self.model.spec
-        binding = self._cache_binding(first_row, len(ids))
+        binding = self._cache_binding(first_row, len(ids), logits)
         if self._logits is None:
             binding.bind_output("logits")  # rebound in place: ONNX Runtime allocates it anew
         binding.bind_cpu_input("input_ids", ids.astype(spec.ids_dtype, copy=False))
@@ -205,27 +244,32 @@ class SlotBatch:
         binding.bind_cpu_input(TOTAL, np.array(totals.max(), np.int32))
         model.session.run_with_iobinding(binding)
         if self._logits is not None:
-            return model.last_logits(self._logits[: len(ids)])
-        logits: np.ndarray = binding.get_outputs()[0].numpy()
-        return model.last_logits(logits)
+            out = self._logits[: len(ids) * logits].reshape(len(ids), logits, -1)
+        else:
+            out = binding.get_outputs()[0].numpy()
+        if logits > 1:
+            return out if out.dtype == np.float32 else out.astype(np.float32)
+        return model.last_logits(out)
 
-    def _cache_binding(self, first_row: int, rows: int) -> ort.IOBinding:
+    def _cache_binding(self, first_row: int, rows: int, logits: int) -> ort.IOBinding:
         """A binding of rows `[first_row, first_row + rows)` of every cache buffer as both past
-        and present. Kept while the rows and buffers stay the same (every decode step of a
-        steady batch), since binding every buffer anew costs time each step
-        (bench/results/2026-11-26-kernel-notes.md)."""
-        key = (first_row, rows, self.capacity)
-        if self._binding is not None and self._binding[0] == key:
-            return self._binding[1]
+        and present, and of `logits` positions' logits a row. Kept while the rows and buffers
+        stay the same (every decode step of a steady batch), since binding every buffer anew
+        costs time each step (bench/results/2026-11-26-kernel-notes.md)."""
+        key = (first_row, rows, self.capacity, logits)
+        binding = self._bindings.get(key)
+        if binding is not None:
+            return binding
         spec = self.model.spec
         binding = self.model.session.io_binding()
         if self._logits is None:
             binding.bind_output("logits")  # first: outputs come back in binding order
         else:
-            logits = self._logits[:rows]
-            binding.bind_output(
-                "logits", "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data
-            )
+            out = self._logits[: rows * logits]
+            shape = [rows, logits, out.shape[-1]]
+            binding.bind_output("logits", "cpu", 0, out.dtype, shape, out.ctypes.data)
+        if self.model.logits_positions:
+            binding.bind_cpu_input(LOGITS_POSITIONS, np.array([logits], np.int64))
         shape = [rows, *self._shape[1:]]
         for past, present, buffer in zip(
             spec.past_names, spec.present_names, self._buffers, strict=True
@@ -233,5 +277,7 @@ class SlotBatch:
             pointer = buffer[first_row : first_row + rows].ctypes.data
             binding.bind_input(past, "cpu", 0, spec.kv_dtype, shape, pointer)
             binding.bind_output(present, "cpu", 0, spec.kv_dtype, shape, pointer)
-        self._binding = (key, binding)
+        if len(self._bindings) >= MAX_BINDINGS:  # rows and widths come and go
+            self._bindings.clear()
+        self._bindings[key] = binding
         return binding

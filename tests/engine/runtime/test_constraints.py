@@ -13,14 +13,12 @@ from api.engine.errors import InvalidGrammar
 from api.engine.local_engine import LocalEngine
 from api.engine.protocol import Constraint, GenerationRequest, SamplingParams
 from api.engine.runtime.sampling import SamplerState, sample
-from api.engine.runtime.sequence import Sequence
 from tests.engine.conftest import (
     DEMO_DIR,
-    ImmediateLoop,
-    ListQueue,
     collect,
     greedy,
     make_engine,
+    manual_sequence,
     token_ids,
 )
 
@@ -46,22 +44,8 @@ def constrained(request_id: str, seed: int, constraint: Constraint) -> Generatio
     return GenerationRequest(request_id, PROMPT, params)
 
 
-def sequence_of(engine: LocalEngine, request: GenerationRequest) -> Sequence:
-    """A sequence as `LocalEngine.generate` makes it, for a scheduler stepped by hand."""
-    constraint = request.params.constraint
-    return Sequence(
-        request=request,
-        tokenizer=engine.tokenizer,
-        eos_token_ids=engine.model.eos_token_ids,
-        context_length=engine.context_length,
-        loop=ImmediateLoop(),  # type: ignore[arg-type]
-        queue=ListQueue(),  # type: ignore[arg-type]
-        matcher=engine.grammars.matcher(constraint) if constraint else None,
-    )
-
-
 def run(engine: LocalEngine, requests: list[GenerationRequest]) -> dict[str, list[int]]:
-    sequences = [sequence_of(engine, r) for r in requests]
+    sequences = [manual_sequence(engine, r) for r in requests]
     for seq in sequences:
         engine.scheduler.submit(seq)
     while not all(s.finished for s in sequences):
