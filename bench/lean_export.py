@@ -9,8 +9,8 @@ llama-3.2-3b` (its 1.5B export can be checked against optimum's own with `--chec
 
 1. a stub: SRC's config with 2 layers, holding SRC's own embedding, layers 0 and 1 and final
    norm (a transformers dir of ~2.4 GB for the 3B shape);
-2. the stub exported by `api.engine.export` itself (optimum's graph) and quantized by its own
-   `quantize_int8` / `quantize_int4`;
+2. the stub exported by `tokenshop export-model` itself (optimum's graph, `quantize_int8` /
+   `quantize_int4`), in fp32 and in the precision asked for;
 3. the stub grown to SRC's layer count: layer 1's nodes cloned for layers 2..N-1 (names
    renumbered, `past_key_values.K.*` / `present.K.*` added, the residual chained, the final norm
    reading the last layer), each clone's weights read from SRC one layer at a time, put in the
@@ -21,7 +21,7 @@ llama-3.2-3b` (its 1.5B export can be checked against optimum's own with `--chec
 4. every initializer over 1 KB written to `model.onnx_data`, streamed; then, as `export-model`
    ends, the engine loads the export and generates a few tokens.
 
-Prints the peak RSS of each step (the process's own; the stub's export runs in this process).
+Prints the peak RSS of each step (the stub's exports run in processes of their own).
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -102,10 +104,18 @@ def make_stub(src: Path, stub: Path) -> None:
 
 
 def export_stub(stub: Path, out: Path, quantize: str | None) -> None:
-    """The stub through our own export (optimum's graph; the engine's check at the end)."""
-    from api.engine.export.exporter import export_model
-
-    export_model(str(stub), out, quantize, progress=say)
+    """The stub through our own export, `tokenshop export-model` (optimum's graph, our
+    quantizers, the engine's check at the end), in a process of its own: the export and the
+    quantizers hold several times the stub's weights, which this process then does not keep."""
+    tokenshop = Path(sys.executable).parent / "tokenshop"
+    argv = [str(tokenshop), "export-model", str(stub), str(out)]
+    argv += ["--quantize", quantize] if quantize else []
+    say("$ " + " ".join(argv))
+    proc = subprocess.Popen(argv)
+    _, status, usage = os.wait4(proc.pid, 0)
+    say(f"stub export: peak RSS {usage.ru_maxrss / 1024:.0f} MB")
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"lean export: the stub's export failed ({status})")
 
 
 # --- the graph ------------------------------------------------------------------------------------
@@ -457,11 +467,7 @@ def main() -> int:
         q_stub = work / f"lean-stub-{args.quantize}"
         if not (q_stub / ".complete").exists():
             shutil.rmtree(q_stub, ignore_errors=True)
-            shutil.copytree(fp32_stub, q_stub)
-            (q_stub / ".complete").unlink()
-            from api.engine.export.quantize import quantize_int4, quantize_int8
-
-            (quantize_int8 if args.quantize == "int8" else quantize_int4)(q_stub)
+            export_stub(stub, q_stub, args.quantize)
             (q_stub / ".complete").touch()
         say(f"stub quantized to {args.quantize}")
     model = onnx.load(str(q_stub / MODEL_FILE), load_external_data=True)
