@@ -201,6 +201,10 @@ def write_random_weights(config, src: Path, seed: int = 0, shard_bytes: int = 2 
 
     from safetensors.numpy import save_file
 
+    # As a model's save_pretrained writes it: onnxruntime-genai's builder picks its code by it.
+    config.architectures = [
+        {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[config.model_type]
+    ]
     config.save_pretrained(src)
     rng = np.random.default_rng(seed)
     shapes = parameter_shapes(config)
