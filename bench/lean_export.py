@@ -10,7 +10,9 @@ llama-3.2-3b` (its 1.5B export can be checked against optimum's own with `--chec
 1. a stub: SRC's config with 2 layers, holding SRC's own embedding, layers 0 and 1 and final
    norm (a transformers dir of ~2.4 GB for the 3B shape);
 2. the stub exported by `tokenshop export-model` itself (optimum's graph, `quantize_int8` /
-   `quantize_int4`), in fp32 and in the precision asked for;
+   `quantize_int4`), in fp32 and in the precision asked for; a stub over 1.9 GB (the 3B
+   shape's: its 1.58 GB embedding) the same way but for optimum's post-processing, which
+   fails past protobuf's 2 GB (see `untied_stub`);
 3. the stub grown to SRC's layer count: layer 1's nodes cloned for layers 2..N-1 (names
    renumbered, `past_key_values.K.*` / `present.K.*` added, the residual chained, the final norm
    reading the last layer), each clone's weights read from SRC one layer at a time, put in the
@@ -46,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STUB_LAYERS = 2
+TIED_LIMIT = 1_900_000_000  # a stub above this goes through `untied_stub` (protobuf's 2 GB)
 INLINE_BYTES = 1024  # smaller initializers stay in model.onnx, as onnx's own save keeps them
 MODEL_FILE, DATA_FILE = "model.onnx", "model.onnx_data"
 
@@ -109,6 +112,8 @@ def export_stub(stub: Path, out: Path, quantize: str | None) -> None:
     quantizers hold several times the stub's weights, which this process then does not keep."""
     tokenshop = Path(sys.executable).parent / "tokenshop"
     argv = [str(tokenshop), "export-model", str(stub), str(out)]
+    if stub_bytes(stub) > TIED_LIMIT:
+        argv = [sys.executable, __file__, "untied-stub", str(stub), str(out)]
     argv += ["--quantize", quantize] if quantize else []
     say("$ " + " ".join(argv))
     proc = subprocess.Popen(argv)
@@ -116,6 +121,40 @@ def export_stub(stub: Path, out: Path, quantize: str | None) -> None:
     say(f"stub export: peak RSS {usage.ru_maxrss / 1024:.0f} MB")
     if os.waitstatus_to_exitcode(status):
         raise SystemExit(f"lean export: the stub's export failed ({status})")
+
+
+def stub_bytes(stub: Path) -> int:
+    return sum(f.stat().st_size for f in stub.glob("*.safetensors"))
+
+
+def untied_stub(stub: Path, out: Path, quantize: str | None) -> None:
+    """What `tokenshop export-model` does (api/engine/export/exporter.py), but for optimum's
+    post-processing, which fails on a graph over 2 GB: it ties the head back to the embedding,
+    then calls `ModelProto.ByteSize()`, which raises past protobuf's 2 GB (the 3B shape's stub,
+    2.4 GB). Without it the head keeps its own transposed copy of the embedding, which is what
+    our quantizers' `untie_head` makes anyway, so the quantized graphs differ only in that
+    initializer's name; the fp32 graph reads that copy instead of a Transpose of the embedding."""
+    import warnings
+
+    from optimum.exporters.onnx import main_export
+
+    from api.engine.export.exporter import SIDE_FILES
+    from api.engine.export.quantize import quantize_int4, quantize_int8
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        main_export(
+            str(stub),
+            out,
+            task="text-generation-with-past",
+            do_validation=False,
+            no_post_process=True,
+        )
+    for name in SIDE_FILES:
+        if (stub / name).is_file() and not (out / name).exists():
+            shutil.copy2(stub / name, out / name)
+    if quantize:
+        (quantize_int8 if quantize == "int8" else quantize_int4)(out)
 
 
 # --- the graph ------------------------------------------------------------------------------------
@@ -436,6 +475,10 @@ def engine_check(out: Path) -> str:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["untied-stub"]:
+        quantize = sys.argv[sys.argv.index("--quantize") + 1] if "--quantize" in sys.argv else None
+        untied_stub(Path(sys.argv[2]), Path(sys.argv[3]), quantize)
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("src", type=Path)
     parser.add_argument("out", type=Path)
