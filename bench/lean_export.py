@@ -319,7 +319,7 @@ def grow(
         if in_layer(node.name, 1) and any(a.type in (5, 10) for a in node.attribute):
             raise SystemExit(f"lean export: {node.name} has a subgraph; cannot clone it")
     produced_by = {o: n for n in graph.node for o in n.output}
-    l1 = [n for n in graph.node if in_layer(n.name, 1)]
+    l1 = [n for n in graph.node if in_layer(n.name, 1)] + satellites(graph)
     l1_outputs = {o for n in l1 for o in n.output}
     tail = [n for n in graph.node if not in_layer(n.name, 0) and not in_layer(n.name, 1)]
     # The residual: what layer 1 hands to the nodes after it (the final norm).
@@ -425,6 +425,29 @@ def grow(
     del graph.value_info[:]
     graph.value_info.extend(values)
     onnx.save_model(model, str(out / MODEL_FILE))
+
+
+def satellites(graph: Any) -> list[Any]:
+    """Nodes outside the layers that only layer 1 reads, made from initializers alone: the
+    `Identity` through which the exporter hands a layer a weight equal to another's (a zero
+    bias, a unit norm) and such `Constant`s. The exporter makes these per layer, so each clone
+    gets its own (a layer reading another's `Identity` is a graph optimum never writes)."""
+    inits = {t.name for t in graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    found = []
+    for node in graph.node:
+        if in_layer(node.name, 0) or in_layer(node.name, 1) or node.op_type == "If":
+            continue
+        if not all(name in inits for name in node.input if name):
+            continue
+        users = [r for o in node.output for r in readers.get(o, [])]
+        if users and all(in_layer(r.name, 1) for r in users) and not set(node.output) & outputs:
+            found.append(node)
+    return found
 
 
 def toposorted(nodes: list[Any]) -> list[Any]:
