@@ -4,8 +4,11 @@ llama.cpp.
     .venv/bin/python bench/compare.py                       # everything (long)
     .venv/bin/python bench/compare.py --precisions int4 --streams 4 --rounds 1 --tokens 16
 
-One command for issues 6, 31 and 33's comparison. It builds the random-weight
-Qwen2.5-0.5B-shaped transformers model of `bench/engine.py` once (bench/out/src, git-ignored),
+One command for issues 6, 31 and 33's comparison. `--shape` picks the model: Qwen2.5-0.5B (the
+default), Qwen2.5-1.5B or Llama-3.2-3B, each its real config with random weights (bench/engine.py's
+SHAPES), the larger ones built in bench/out/compare-<shape>/ and exported by bench/lean_export.py
+(optimum's export fails on them here: see EXPORT_PATH). It builds the random-weight
+transformers model of `bench/engine.py` once (bench/out/compare/src, git-ignored),
 exports it with our export path in fp32, int8 and int4, builds onnxruntime-genai models (int4 and
 fp32) from the same transformers dir with genai's own model builder in a venv of its own
 (bench/out/genai-venv, made on first use: the builder needs transformers 5, our export stack
@@ -1162,7 +1165,7 @@ def main() -> int:
         "--export",
         choices=("auto", "optimum", "lean"),
         default="auto",
-        help="how our exports are made (auto: optimum for 0.5B, bench/lean_export.py for the others)",
+        help="how our exports are made (auto: optimum for 0.5B, lean_export.py for the others)",
     )
     parser.add_argument(
         "--build-only", action="store_true", help="build what the run needs, measure nothing"
