@@ -317,6 +317,9 @@ def ensure_gguf(python: Path, source: Path, kind: str, rebuild: bool) -> Path:
     by llama.cpp's quantizer into `kind` (q8_0, q4_0, q4_K_M; f32 is the conversion itself)."""
     script = ROOT / "bench" / "compare_llamacpp.py"
     base = WORK / "llamacpp-f32.gguf"
+    out = WORK / f"llamacpp-{kind}.gguf"
+    if kind != "f32" and out.exists() and not rebuild:
+        return out  # the f32 file may be gone: 12.8 GB for the 3B shape, on a full disk
     if rebuild or not base.exists():
         partial = base.with_suffix(".partial")
         run_build("GGUF f32 conversion", [python, script, "convert", source, partial])
