@@ -319,7 +319,9 @@ def grow(
         if in_layer(node.name, 1) and any(a.type in (5, 10) for a in node.attribute):
             raise SystemExit(f"lean export: {node.name} has a subgraph; cannot clone it")
     produced_by = {o: n for n in graph.node for o in n.output}
-    l1 = [n for n in graph.node if in_layer(n.name, 1)] + satellites(graph)
+    # Satellites first: each clone's come before its layer's nodes in the graph's order, as
+    # the exporter places them (the engine's graph edits read a graph in node order).
+    l1 = satellites(graph) + [n for n in graph.node if in_layer(n.name, 1)]
     l1_outputs = {o for n in l1 for o in n.output}
     tail = [n for n in graph.node if not in_layer(n.name, 0) and not in_layer(n.name, 1)]
     # The residual: what layer 1 hands to the nodes after it (the final norm).
@@ -355,7 +357,7 @@ def grow(
     for tensor in graph.initializer:  # the stub's own, streamed out
         value = numpy_helper.to_array(tensor)
         new_inits.append(store(tensor.name, value))
-    nodes = [n for n in graph.node if not n in tail]  # noqa: E713 - protobuf messages
+    cloned: list[Any] = []  # every clone, in layer order: they go after layer 1's last node
     new_inputs = list(graph.input)
     new_outputs = list(graph.output)
     values = list(graph.value_info)
@@ -384,7 +386,7 @@ def grow(
                     clone.input[i] = rename.get(name, name)
             for i, name in enumerate(clone.output):
                 clone.output[i] = rename[name]
-            nodes.append(clone)
+            cloned.append(clone)
         for source, target in ((graph.input, new_inputs), (graph.output, new_outputs)):
             for item in source:
                 if item.name.startswith(("past_key_values.1.", "present.1.")):
@@ -404,7 +406,11 @@ def grow(
         for i, name in enumerate(node.input):
             if name == last_out:
                 node.input[i] = final
-        nodes.append(node)
+    # The stub's order kept (the engine's graph edits read a graph in node order, and an
+    # `Identity` the exporter put before a projection must stay before it), the clones after
+    # layer 1's last node; the sort then moves only what reads the last layer.
+    end = max(i for i, n in enumerate(graph.node) if in_layer(n.name, 1))
+    nodes = [*graph.node[: end + 1], *cloned, *graph.node[end + 1 :]]
     data.close()
     order = {"past_key_values": 1, "present": 1}
 
