@@ -370,6 +370,18 @@ def read_bandwidth(buffer_mb: int = 1024, passes: int = 7) -> tuple[float, str]:
     return statistics.median(rates), "numpy, 1 thread"
 
 
+def llamacpp_extra_bufts(choice: str) -> str:
+    """ "on" or "off" for llama.cpp's extra weight buffers. With them (its default) every
+    quantization of the 1.5B and 3B shapes segfaulted (-11) in the first `llama_decode` on the
+    AMX Xeon here (llama-cpp-python 0.3.36 built native, AMX_INT8 = 1), with flash attention
+    on or off, 1 or 2 threads; without them (llama-server's --no-repack) it ran. So "auto" turns
+    them off where the CPU has AMX, and leaves llama.cpp's default elsewhere."""
+    if choice != "auto":
+        return choice
+    flags = Path("/proc/cpuinfo").read_text()
+    return "off" if " amx_int8" in flags else "on"
+
+
 def physical_cores() -> int:
     """Cores this process may run on, counting a core's hyperthreads once: the figure genai's
     and llama.cpp's docs recommend for their thread counts."""
@@ -841,6 +853,7 @@ def make_peers(
             seqs = max(*plan.streams, BUSY_STREAMS) + 1  # a long prompt joins 8 running
             argv += ["--threads", str(threads), "--seqs", str(seqs)]
             argv += ["--seq-ctx", str(seq_ctx), "--flash", args.llamacpp_flash]
+            argv += ["--extra-bufts", llamacpp_extra_bufts(args.llamacpp_extra_bufts)]
             worker = Worker(argv, WORK / f"llamacpp-worker-{kind}.log")
             closers.append(worker.close)
             VERSIONS["llama-cpp-python"] = str(worker.hello.get("version"))
@@ -1200,6 +1213,13 @@ def main() -> int:
         choices=("on", "off", "auto"),
         default="on",
         help="llama.cpp's flash attention (its CPU backend has it)",
+    )
+    parser.add_argument(
+        "--llamacpp-extra-bufts",
+        choices=("on", "off", "auto"),
+        default="auto",
+        help="llama.cpp's AMX and repacked weight buffers (auto: off on a CPU with AMX, where "
+        "llama-cpp-python 0.3.36 segfaults in its first decode with them; on elsewhere)",
     )
     parser.add_argument(
         "--threads",

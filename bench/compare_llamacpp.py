@@ -214,7 +214,14 @@ class Engine:
     """One llama.cpp context with a KV sequence per concurrent stream."""
 
     def __init__(
-        self, path: Path, threads: int, seqs: int, seq_ctx: int, flash: str, unified: bool = False
+        self,
+        path: Path,
+        threads: int,
+        seqs: int,
+        seq_ctx: int,
+        flash: str,
+        unified: bool = False,
+        extra_bufts: bool = True,
     ) -> None:
         import llama_cpp as ll
 
@@ -225,6 +232,9 @@ class Engine:
         if not os.environ.get("LLAMACPP_LOG"):
             ll.llama_log_set(quiet, ctypes.c_void_p(0))
         model_params = ll.llama_model_default_params()
+        # llama.cpp's extra weight buffers (AMX tiles, repacked q4_0/q8_0 rows): its default;
+        # off is llama-server's --no-repack (see compare.py's --llamacpp-extra-bufts).
+        model_params.use_extra_bufts = extra_bufts
         self.model = ll.llama_model_load_from_file(str(path).encode(), model_params)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
@@ -257,6 +267,7 @@ class Engine:
             "type_k": {0: "f32", 1: "f16"}.get(params.type_k, params.type_k),
             "type_v": {0: "f32", 1: "f16"}.get(params.type_v, params.type_v),
             "load_mode": getattr(model_params, "load_mode", "default"),
+            "use_extra_bufts": extra_bufts,
         }
 
     def clear(self) -> None:
@@ -324,7 +335,15 @@ class Engine:
 def serve(args: argparse.Namespace) -> int:
     import llama_cpp as ll
 
-    engine = Engine(args.model, args.threads, args.seqs, args.seq_ctx, args.flash, args.kv_unified)
+    engine = Engine(
+        args.model,
+        args.threads,
+        args.seqs,
+        args.seq_ctx,
+        args.flash,
+        args.kv_unified,
+        extra_bufts=args.extra_bufts == "on",
+    )
     hello = {
         "ready": True,
         "version": ll.__version__,
@@ -366,6 +385,7 @@ def main() -> int:
     p.add_argument("--seq-ctx", type=int, default=1024)
     p.add_argument("--flash", choices=("on", "off", "auto"), default="on")
     p.add_argument("--kv-unified", action="store_true", help="one KV buffer for all sequences")
+    p.add_argument("--extra-bufts", choices=("on", "off"), default="on", help="AMX/repack buffers")
     args = parser.parse_args()
     if args.command == "convert":
         convert(args.src, args.out)
