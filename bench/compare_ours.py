@@ -44,15 +44,26 @@ async def handle(engine: LocalEngine, command: dict[str, Any]) -> dict[str, Any]
     """One measurement; see bench/compare.py for what each figure means."""
     op = command["op"]
     if op == "streams":
+        drafts = _drafts(engine)
         per, agg, ttft = await engine_streams(
             engine, command["streams"], command["tokens"], command["prompt"]
         )
-        return {"per": per, "agg": agg, "ttft": ttft}
+        proposed, accepted = (b - a for a, b in zip(drafts, _drafts(engine), strict=True))
+        # Prompt-lookup drafts (on by default where they pay): what a speed owes to them.
+        return {"per": per, "agg": agg, "ttft": ttft, "drafted": proposed, "accepted": accepted}
     if op == "ttft":
         ttft = await ttft_with_running(engine, command["running"], command["prompt"])
         await idle(engine)
         return {"ttft": ttft}
     raise ValueError(f"unknown op {op!r}")
+
+
+def _drafts(engine: LocalEngine) -> tuple[int, int]:
+    """Draft tokens the engine has proposed and had accepted so far (0, 0 without drafting)."""
+    speculator = getattr(engine.scheduler, "speculator", None)
+    if speculator is None:
+        return 0, 0
+    return int(speculator.proposed), int(speculator.accepted)
 
 
 def handle_bare(model: OnnxCausalLM, command: dict[str, Any]) -> dict[str, Any]:
