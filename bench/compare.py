@@ -817,7 +817,8 @@ def make_peers(
     for precision, path in exports.items():
         if not {"direct", "bare"} & set(engines):
             break
-        for name, flags in (("direct", []), ("bare", ["--bare"])):
+        direct_flags = [] if args.ours_drafts == "on" else ["--no-drafts"]
+        for name, flags in (("direct", direct_flags), ("bare", ["--bare"])):
             if name not in engines:
                 continue
             worker = Worker(
@@ -828,6 +829,7 @@ def make_peers(
             measure = _direct_measure(worker) if name == "direct" else _bare_measure(worker)
             settings = (
                 "`LocalEngine`, default settings, dev venv (working tree)"
+                + ("" if args.ours_drafts == "on" else ", prompt-lookup drafts off")
                 if name == "direct"
                 else "the exported graph, ONNX Runtime's default threads"
             )
@@ -1213,6 +1215,12 @@ def main() -> int:
         choices=("on", "off", "auto"),
         default="on",
         help="llama.cpp's flash attention (its CPU backend has it)",
+    )
+    parser.add_argument(
+        "--ours-drafts",
+        choices=("on", "off"),
+        default="on",
+        help="the direct engine's prompt-lookup drafts (on: its default, where they pay)",
     )
     parser.add_argument(
         "--llamacpp-extra-bufts",

@@ -1,6 +1,6 @@
 """A worker of `bench/compare.py`: our engine, measured directly, in a process of its own.
 
-    .venv/bin/python bench/compare_ours.py EXPORT_DIR [--bare]
+    .venv/bin/python bench/compare_ours.py EXPORT_DIR [--bare] [--no-drafts]
 
 Loads one export with `LocalEngine` (default limits and graph cache, like the server) and answers
 one JSON command per stdin line with one `@@`-prefixed JSON line on stdout. Each engine lives in its
@@ -25,6 +25,7 @@ from api.engine.local_engine import LocalEngine  # noqa: E402
 from api.engine.model.causal_lm import OnnxCausalLM  # noqa: E402
 from api.engine.model.session_cache import default_cache_dir  # noqa: E402
 from api.engine.ops.library import preferred_library  # noqa: E402
+from api.engine.runtime.scheduler import SchedulerLimits  # noqa: E402
 from bench.engine import (  # noqa: E402
     bare_loop,
     engine_streams,
@@ -76,11 +77,17 @@ def handle_bare(model: OnnxCausalLM, command: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"unknown op {op!r}")
 
 
-async def serve(path: Path, *, bare: bool) -> None:
-    # Default limits, the default graph cache and int4 kernel, as the server's.
+async def serve(path: Path, *, bare: bool, drafts: bool = True) -> None:
+    # Default limits, the default graph cache and int4 kernel, as the server's; `drafts` False
+    # turns prompt-lookup drafting off (ENGINE_SPECULATIVE_TOKENS=0 on the server).
     cache = default_cache_dir()
     kernel = preferred_library()
-    engine = None if bare else LocalEngine("bench", path, cache_dir=cache, ops_library=kernel)
+    limits = None if drafts else SchedulerLimits(speculative_tokens=0)
+    engine = (
+        None
+        if bare
+        else LocalEngine("bench", path, cache_dir=cache, ops_library=kernel, limits=limits)
+    )
     model = plain_model(path, None, cache) if bare else None
     if engine is not None:
         await engine.start()
@@ -103,4 +110,5 @@ async def serve(path: Path, *, bare: bool) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(Path(sys.argv[1]), bare="--bare" in sys.argv[2:]))
+    flags = sys.argv[2:]
+    asyncio.run(serve(Path(sys.argv[1]), bare="--bare" in flags, drafts="--no-drafts" not in flags))
