@@ -70,8 +70,9 @@ class PromptLookup:
         return [*self.prompt[start:], *self.output[: stop - prompt]]
 
     def propose(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the latest earlier occurrence of the longest
-        n-gram the sequence ends with; [] when none occurred."""
+        """`limit` tokens that followed the latest earlier occurrence of the longest n-gram the
+        sequence ends with (continuing the loop that makes where it runs into the end); []
+        when none occurred."""
         length = len(self)
         if limit <= 0 or length < MIN_NGRAM + 1:
             return []
@@ -79,7 +80,12 @@ class PromptLookup:
         for n in range(min(MAX_NGRAM, length - 1), MIN_NGRAM - 1, -1):
             end = self._ends.get(tuple(self._tokens(length - n, length)))
             if end is not None:
-                return self._tokens(end, min(end + limit, length))
+                # Where the match is recent its continuation runs into the tail, and the text
+                # is a loop of period `length - end`: the draft goes on round it (LZ77's copy).
+                draft = self._tokens(end, min(end + limit, length))
+                while len(draft) < limit:
+                    draft.append(draft[len(draft) - (length - end)])
+                return draft
         return []
 
     def _index(self, upto: int) -> None:

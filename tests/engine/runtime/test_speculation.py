@@ -42,9 +42,14 @@ def test_lookup_never_matches_the_tail_itself_and_follows_the_output() -> None:
     lookup = PromptLookup([10, 11, 12], output)
     assert lookup.propose(3) == []  # 12 occurs only as the tail
     output.append(10)
-    assert lookup.propose(3) == [11, 12, 10]  # stops at the end of what exists
+    assert lookup.propose(3) == [11, 12, 10]
     output.extend([11, 99])
     assert lookup.propose(3) == []
+
+
+def test_a_match_that_runs_into_the_end_drafts_its_loop_onwards() -> None:
+    assert PromptLookup([1, 7, 7, 7], []).propose(4) == [7, 7, 7, 7]
+    assert PromptLookup([5, 1, 2, 3, 1, 2], []).propose(5) == [3, 1, 2, 3, 1]
 
 
 def test_a_step_costs_fit_follows_the_steps_timed() -> None:
@@ -60,7 +65,7 @@ def test_a_step_costs_fit_follows_the_steps_timed() -> None:
 def test_drafts_stop_for_a_sequence_that_rejects_them_and_are_tried_again_later() -> None:
     speculator = Speculator(max_drafts=4)
     drafting = Drafting(PromptLookup([3, 4, 5, 3, 4], [5]))
-    assert speculator.drafts([(drafting, 10)]) == [[3, 4, 5]]  # as much as exists
+    assert speculator.drafts([(drafting, 10)]) == [[3, 4, 5, 3]]
     for _ in range(6):  # every draft rejected, a widened step costing 1.5 plain ones
         speculator.record([drafting], [[3, 4, 5, 3]], [0], 0.015)
         speculator.record([drafting], [[]], [0], 0.010)
