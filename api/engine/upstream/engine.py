@@ -49,7 +49,7 @@ from api.engine.protocol import (
 )
 from api.engine.text.chat_template import ChatTemplate
 from api.engine.text.tokenizer import TokenizerWrapper
-from api.engine.upstream import wire
+from api.engine.upstream import http, wire
 from api.engine.upstream.backend import Backend
 from api.engine.upstream.config import DEFAULT_CONTEXT_LENGTH, UpstreamConfig, UpstreamTimeouts
 
@@ -85,7 +85,8 @@ class UpstreamEngine(EngineClient):
         if config.tokenizer is not None:
             self.tokenizer, self.chat_template = _load_tokenizer(config)
         self.prompt_is_bound = self.tokenizer is None
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # health checks
+        self._pool: http.Pool | None = None  # chat completions
         self._health: asyncio.Task[None] | None = None
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self._completed = 0
@@ -135,8 +136,10 @@ class UpstreamEngine(EngineClient):
     async def start(self) -> None:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=self.timeouts.connect),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=len(self.pool)),
+            trust_env=False,  # like the requests' pool: straight to the upstream
         )
+        self._pool = http.Pool(connect_timeout=self.timeouts.connect)
         await self._check_all()
         self._health = asyncio.create_task(self._check_forever(), name=f"health-{self.model_id}")
 
@@ -147,6 +150,8 @@ class UpstreamEngine(EngineClient):
                 await self._health
         if self._client is not None:
             await self._client.aclose()
+        if self._pool is not None:
+            self._pool.close()
 
     # -- routing and failover ------------------------------------------------------------------
 
@@ -158,7 +163,7 @@ class UpstreamEngine(EngineClient):
         return min(left, key=lambda i: (not self.pool[i].up, self.pool[i].in_flight))
 
     async def _run(self, request: GenerationRequest) -> AsyncGenerator[GenerationOutput]:
-        assert self._client is not None, "start() the engine first"
+        assert self._pool is not None, "start() the engine first"
         tally = _Tally(self, request)
         tried: set[int] = set()
         reasons: list[str] = []
@@ -195,38 +200,38 @@ class UpstreamEngine(EngineClient):
         self, backend: Backend, request: GenerationRequest, tally: _Tally
     ) -> AsyncGenerator[GenerationOutput]:
         """One upstream's answer; raises `_TryNext` for a failure before the first token."""
-        assert self._client is not None
+        assert self._pool is not None
         started = time.monotonic()
-        http_request = self._client.build_request(
-            "POST",
-            f"{backend.url}/chat/completions",
-            json=wire.request_body(request, self.config.upstream_model),
-            headers=self._headers,
-            # httpcore times every read of the body: the longest gap between tokens, kept by the
-            # connection itself (a per-token `asyncio.timeout` here cost ~20 us a token)
-            timeout=httpx.Timeout(
-                self.timeouts.read if request.stream else None, connect=self.timeouts.connect
-            ),
-        )
-        response: httpx.Response | None = None
+        body = json.dumps(
+            wire.request_body(request, self.config.upstream_model),
+            ensure_ascii=False,
+            separators=(",", ":"),
+        ).encode()
+        response: http.Response | None = None
         pieces: AsyncGenerator[wire.Piece] | None = None
         try:
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream else None):
-                    response = await self._client.send(http_request, stream=True)
+                    response = await self._pool.post(
+                        f"{backend.url}/chat/completions",
+                        body,
+                        self._headers,
+                        # the longest gap between tokens, timed by the connection itself
+                        read_timeout=self.timeouts.read if request.stream else None,
+                    )
                     await self._refuse_unless_ok(backend, response)
                     if not request.stream:
-                        document = json.loads(await response.aread())
+                        document = json.loads(await response.read())
                         first = wire.parse_completion(document)
                     else:
                         pieces = _pieces(response)
                         first = await _first_piece(pieces)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            except http.ConnectFailed as exc:
                 backend.up = False
-                raise _TryNext("connect", type(exc).__name__) from None
-            except (TimeoutError, httpx.ReadTimeout):
+                raise _TryNext("connect", str(exc)) from None
+            except (TimeoutError, http.ReadTimeout):
                 raise _TryNext("timeout", "no first token in time") from None
-            except (httpx.TransportError, ValueError, _StreamEnded) as exc:
+            except (http.BrokenOff, ValueError, _StreamEnded) as exc:
                 raise _TryNext("cut", type(exc).__name__) from None
             backend.up = True
             if first.text or first.finish_reason or first.tool_calls:
@@ -242,13 +247,13 @@ class UpstreamEngine(EngineClient):
                     piece = await anext(pieces)
                 except StopAsyncIteration:
                     break
-                except httpx.ReadTimeout:
+                except http.ReadTimeout:
                     backend.errors["timeout"] += 1
                     raise UpstreamFailed(
                         f"The upstream server of model '{self.model_id}' stopped sending "
                         "tokens mid-answer."
                     ) from None
-                except (httpx.TransportError, ValueError, _StreamEnded):
+                except (http.BrokenOff, ValueError, _StreamEnded):
                     backend.errors["cut"] += 1
                     raise UpstreamFailed(
                         f"The upstream server of model '{self.model_id}' broke off its answer."
@@ -274,11 +279,11 @@ class UpstreamEngine(EngineClient):
             if response is not None:
                 await response.aclose()  # unread: the connection closes, generation stops
 
-    async def _refuse_unless_ok(self, backend: Backend, response: httpx.Response) -> None:
-        status = response.status_code
+    async def _refuse_unless_ok(self, backend: Backend, response: http.Response) -> None:
+        status = response.status
         if status == 200:
             return
-        body = await response.aread()
+        body = await response.read()
         try:
             document: Any = json.loads(body)
         except ValueError:
@@ -340,21 +345,15 @@ class _StreamEnded(Exception):
     """The upstream closed its stream before sending anything to show."""
 
 
-async def _pieces(response: httpx.Response) -> AsyncGenerator[wire.Piece]:
+async def _pieces(response: http.Response) -> AsyncGenerator[wire.Piece]:
     """The `data:` events of a stream until `[DONE]`; the body's end is read too (briefly), so
     the connection goes back to the pool instead of being closed."""
-    lines = response.aiter_lines()
-    async for line in lines:
-        if not line.startswith("data:"):
-            continue  # blank lines, comments (keep-alives), `event:` lines
-        data = line[5:].strip()
-        if data == "[DONE]":
-            with contextlib.suppress(TimeoutError, httpx.TransportError):
-                async with asyncio.timeout(DRAIN_SECONDS):
-                    async for _ in lines:
-                        pass
-            return
-        yield wire.parse_chunk(data)
+    async with contextlib.aclosing(response.data()) as events:
+        async for data in events:
+            if data == b"[DONE]":
+                await response.finish(DRAIN_SECONDS)
+                return
+            yield wire.parse_chunk(data)
 
 
 async def _first_piece(pieces: AsyncIterator[wire.Piece]) -> wire.Piece:

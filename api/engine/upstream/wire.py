@@ -94,7 +94,7 @@ class Piece:
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # as sent: fragments or whole
 
 
-def parse_chunk(data: str) -> Piece:
+def parse_chunk(data: str | bytes) -> Piece:
     """One `data:` payload of a stream (raises ValueError on one that is not JSON)."""
     document = json.loads(data)
     if not isinstance(document, dict):
