@@ -6,10 +6,11 @@ through Tokenshop's API in one run, alternating, so both see the same machine.
 It builds a random-weight GGUF (models/make_gguf.py, the demo tokenizer), starts llama-cpp-python's
 server on it (`--interrupt_requests False`, one thread) and `tokenshop serve` with a models file
 naming it (tokenizer configured: that server's streams carry no usage), then measures, at 1 and
-8 concurrent streams: streamed tokens/s (all streams' tokens over the batch's wall time), time to
-the first token (1 stream), and the API process's CPU per streamed token (/proc utime+stime).
-llama-cpp-python serves one request at a time, so 8 streams queue there, direct and through
-alike. Writes bench/results/<date>-gateway-<host>.md.
+8 concurrent streams: streamed tokens/s (all streams' tokens over the batch's wall time), and the
+API process's CPU per streamed token (/proc utime+stime); then time to the first token over
+`--ttft-requests` short requests each, alternating. llama-cpp-python serves one request at a
+time, so 8 streams queue there, direct and through alike. Writes
+bench/results/<date>-gateway-<host>.md.
 """
 
 from __future__ import annotations
@@ -134,8 +135,6 @@ async def batch(arm: Arm, streams: int, body: dict[str, Any]) -> None:
     tokens = sum(r.tokens for r in results)
     arm.tokens += tokens
     arm.rates.setdefault(streams, []).append(tokens / wall)
-    if streams == 1:
-        arm.ttft.extend(r.first - r.sent for r in results)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -182,6 +181,11 @@ async def measure(args: argparse.Namespace, direct: Arm, gateway: Arm, api_pid: 
             before = cpu_seconds(api_pid)
             await batch(gateway, streams, body)
             api_cpu += cpu_seconds(api_pid) - before
+    short = body | {"max_tokens": 4}  # time to first token: more requests, each short
+    for _ in range(args.ttft_requests):
+        for arm in (direct, gateway):
+            stream = await stream_once(arm.port, short, arm.key)
+            arm.ttft.append(stream.first - stream.sent)
     return api_cpu
 
 
@@ -198,6 +202,7 @@ def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) 
         platform.processor(),
     )
     load = os.getloadavg()
+    start = args.load_at_start
     rows = []
     for streams in (1, 8):
         d, g = statistics.median(direct.rates[streams]), statistics.median(gateway.rates[streams])
@@ -209,8 +214,10 @@ def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) 
             f"# Gateway overhead: llama.cpp direct against through Tokenshop ({dt.date.today()})",
             "",
             f"Commit {commit}; `bench/gateway.py --tokens {args.tokens} --rounds {args.rounds} "
-            f"--hidden {args.hidden} --layers {args.layers}`; {cpu}, {os.cpu_count()} CPUs, load "
-            f"average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} (the host is shared).",
+            f"--hidden {args.hidden} --layers {args.layers} --ttft-requests {args.ttft_requests}`; "
+            f"{cpu}, {os.cpu_count()} CPUs, load average at the start {start[0]:.1f}/"
+            f"{start[1]:.1f}/{start[2]:.1f}, at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
+            "(the host is shared).",
             "Upstream: llama-cpp-python's server, one thread, a random-weight GGUF of the demo "
             "tokenizer; Tokenshop: `tokenshop serve`, one worker, SQLite, the models file naming "
             "that server with `tokenizer = models/demo`. Medians of the rounds; batches alternate.",
@@ -221,7 +228,7 @@ def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) 
             "",
             f"Time to first token, 1 stream, p50: direct {d50 * 1000:.1f} ms, through "
             f"{g50 * 1000:.1f} ms, added {(g50 - d50) * 1000:.1f} ms "
-            f"({len(direct.ttft)} requests each).",
+            f"({len(direct.ttft)} requests each of max_tokens 4, alternating).",
             "",
             f"API CPU per streamed token: {per_token:.0f} us ({api_cpu:.2f} s of user+system time "
             f"for {gateway.tokens} tokens, hold, checkpoints and settlement included).",
@@ -236,11 +243,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--ttft-requests", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--upstream", default=None, help="an OpenAI-compatible base URL already running instead"
     )
     args = parser.parse_args()
+    args.load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tokenshop-gateway-") as tmp:
         work = Path(tmp)
         llama: subprocess.Popen[bytes] | None = None
