@@ -7,11 +7,14 @@ script builds it, unless `--model` names another export), one greedy or seeded s
 on the engine as the server builds it here (our ops), with drafts (`ENGINE_SPECULATIVE_TOKENS`,
 4 and 8) and without (0), variants interleaved round by round, medians. Workloads:
 
-- `greedy`: the greedy continuation of a prompt. A random-weight model's greedy text soon falls
-  into loops of its own, which prompt lookup predicts: the issue's stand-in for a continuation
-  that repeats its prompt (an edit of a document);
-- `sampled T`: seeded sampling at temperature T, from little repetition to none: the
-  acceptance falls, and the engine's estimate should turn drafting off.
+- `greedy, quoting`: the greedy continuation of a prompt that says one 16-token phrase four
+  times: the model goes on repeating it, as a continuation that quotes or edits its prompt
+  does (the issue's high-acceptance workload);
+- `greedy, own text`: the prompt is the model's own greedy text; a random-weight model's
+  greedy text is runs and loops of tokens, which its continuation keeps to;
+- `greedy, random`: the greedy continuation of random tokens: loops of its own, found late;
+- `sampled T`: seeded sampling at temperature T from random tokens, which repeats nothing:
+  no draft is accepted, and the engine's estimate should turn drafting off.
 
 Each row gives decode tokens/s (tokens 2..N over the time since token 1) with and without drafts,
 their ratio, the share of drafts accepted and the tokens each step gave, and whether the text is
@@ -52,7 +55,15 @@ from bench.compare import (  # noqa: E402
 from bench.engine import build_source, prompt  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-WORKLOADS = {"greedy": 0.0, "sampled 0.3": 0.3, "sampled 0.7": 0.7, "sampled 1.0": 1.0}
+# name -> (prompt, temperature); "own text" is filled in from a plain greedy run
+WORKLOADS: dict[str, tuple[list[int], float]] = {
+    "greedy, quoting": (prompt(16, seed=3) * 4, 0.0),
+    "greedy, own text": ([], 0.0),
+    "greedy, random": (prompt(64, seed=7), 0.0),
+    "sampled 0.3": (prompt(64, seed=7), 0.3),
+    "sampled 0.7": (prompt(64, seed=7), 0.7),
+    "sampled 1.0": (prompt(64, seed=7), 1.0),
+}
 
 
 def engine_with(path: Path, drafts: int, threads: int | None) -> LocalEngine:
@@ -91,7 +102,8 @@ async def measure(args: argparse.Namespace, path: Path) -> dict[str, dict[int, d
     engines = {d: engine_with(path, d, args.threads) for d in args.drafts}
     for engine in engines.values():
         await engine.start()
-    ids = prompt(args.prompt, seed=7)
+    _, own, *_ = await one_stream(engines[0], WORKLOADS["greedy, random"][0], 64, 0.0)
+    WORKLOADS["greedy, own text"] = (own, 0.0)
     results: dict[str, dict[int, dict]] = {
         w: {
             d: {"rates": [], "proposed": 0, "accepted": 0, "steps": 0, "tokens": None}
@@ -100,9 +112,9 @@ async def measure(args: argparse.Namespace, path: Path) -> dict[str, dict[int, d
         for w in WORKLOADS
     }
     for engine in engines.values():  # warm-up: the graph's first calls, each width
-        await one_stream(engine, ids, 24, 0.0)
+        await one_stream(engine, WORKLOADS["greedy, quoting"][0], 48, 0.0)
     for round_ in range(args.rounds):
-        for workload, temperature in WORKLOADS.items():
+        for workload, (ids, temperature) in WORKLOADS.items():
             for drafts, engine in engines.items():
                 rate, out, proposed, accepted, steps = await one_stream(
                     engine, ids, args.tokens, temperature
@@ -173,7 +185,7 @@ def report(
         f"# Prompt-lookup speculative decoding, one stream ({datetime.date.today()})",
         "",
         f"Commit {head_commit()[:7]}; `bench/speculative.py --tokens {args.tokens} --rounds "
-        f"{args.rounds} --prompt {args.prompt}`; {cpu}, {len(os.sched_getaffinity(0))} CPUs, "
+        f"{args.rounds}`; {cpu}, {len(os.sched_getaffinity(0))} CPUs, "
         f"load average at the end {load}.",
         f"Model: `{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` "
         f"({'int4, random weights, Qwen2.5-0.5B' if args.model is None else 'as given'}), our "
@@ -204,7 +216,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="an export dir (default: compare's int4)")
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--drafts", default="0,4,8", help="ENGINE_SPECULATIVE_TOKENS variants")
     parser.add_argument("--threads", type=int, default=None)
