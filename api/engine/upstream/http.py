@@ -3,8 +3,8 @@ callbacks hand it, and finished connections stay open for the next request.
 
 Why not httpx on this path: a streamed token read through httpx went through httpcore's h11
 parser, anyio's per-read timeout and four async generators, the largest share of what the API
-spent per token (profile in bench/results/2026-11-26-gateway-xeon-*.md). Here a token is one
-`data_received` call, one parser callback and one future woken. What it keeps of httpx's
+spent per token (profile: bench/results/2026-11-26-gateway-amx-xeon-6ecf728.md). Here a token
+is one `data_received` call, one parser callback and one future woken. What it keeps of httpx's
 behaviour: a connect timeout, a timeout on each gap between reads, keep-alive reuse (a reused
 connection the server had already closed is retried once on a new one, before anything was
 read), gzip or deflate bodies, TLS for `https` URLs. It sends no `Accept-Encoding` and reads
