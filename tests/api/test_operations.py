@@ -38,6 +38,11 @@ def test_metrics_count_requests_and_tokens(server, client):
     assert f"{completion_line} {float(completion.usage.completion_tokens)}" in text
     assert "tokenshop_time_to_first_token_seconds_count" in text
     assert 'tokenshop_active_sequences{model="demo"}' in text
+    drafted, accepted = (
+        float(text.split(f'tokenshop_engine_{name}_total{{model="demo"}} ')[1].split()[0])
+        for name in ("draft_tokens", "accepted_draft_tokens")
+    )
+    assert 0 <= accepted <= drafted  # prompt-lookup drafts, verified and accepted
 
 
 def test_every_response_carries_a_request_id(server):
