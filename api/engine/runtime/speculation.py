@@ -57,10 +57,6 @@ class PromptLookup:
     def __len__(self) -> int:
         return len(self.prompt) + len(self.output)
 
-    def _token(self, position: int) -> int:
-        prompt = len(self.prompt)
-        return self.prompt[position] if position < prompt else self.output[position - prompt]
-
     def _tokens(self, start: int, stop: int) -> list[int]:
         prompt = len(self.prompt)
         if stop <= prompt:
@@ -89,8 +85,8 @@ class PromptLookup:
         return []
 
     def _index(self, upto: int) -> None:
-        """Index the n-grams ending at positions [_indexed, upto) (an n-gram "ends" at the
-        position after its last token)."""
+        """Index the n-grams that end at positions `_indexed` to `upto`, both included (an
+        n-gram "ends" at the position after its last token)."""
         if self._indexed >= upto:
             return
         start = max(0, self._indexed - MAX_NGRAM)
