@@ -72,6 +72,14 @@ def entry(engine, request_id: str) -> LedgerEntry | None:
         ).one_or_none()
 
 
+def assert_booked_as_told(engine, request_id: str, usage: Any) -> None:
+    """The ledger's usage entry of `request_id` is the usage its client was told, and (at
+    these models' price of 1) the tokens charged are their total."""
+    booked = entry(engine, request_id)
+    told = (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+    assert (booked.prompt_tokens, booked.completion_tokens, -booked.amount) == told
+
+
 def balance(engine) -> ledger.Balance:
     with session_scope(engine) as session:
         return ledger.get_balance(session=session, account_id=1)
@@ -338,13 +346,7 @@ def test_two_upstreams_one_killed_mid_run_books_match_every_clients_usage(
     assert len(oks) + len(failed) == 8 and len(oks) >= 4
     assert all(chunks for _, chunks in failed), "a request failed before it started streaming"
     for chunks in oks:
-        booked = entry(engine, chunks[0].id)
-        usage = chunks[-1].usage
-        assert (booked.prompt_tokens, booked.completion_tokens) == (
-            usage.prompt_tokens,
-            usage.completion_tokens,
-        )
-        assert -booked.amount == usage.total_tokens
+        assert_booked_as_told(engine, chunks[0].id, chunks[-1].usage)
     for _, chunks in failed:
         received = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
         assert entry(engine, chunks[0].id).completion_tokens >= received
@@ -464,14 +466,8 @@ def test_a_forced_tool_call_comes_back_as_tool_calls_and_is_billed_as_booked(
         choice,
         False,
     )
-    booked = entry(engine, answer.id)
-    usage = answer.usage
-    assert (booked.prompt_tokens, booked.completion_tokens) == (
-        usage.prompt_tokens,
-        usage.completion_tokens,
-    )
-    assert usage.completion_tokens == len(fake_upstream.call_deltas(["get_weather"]))
-    assert -booked.amount == usage.total_tokens
+    assert_booked_as_told(engine, answer.id, answer.usage)
+    assert answer.usage.completion_tokens == len(fake_upstream.call_deltas(["get_weather"]))
     assert (balance(engine).held, open_holds(engine)) == (0, 0)
 
 
@@ -502,13 +498,8 @@ def test_streamed_tool_call_deltas_assemble_to_the_calls_of_a_whole_answer(
     ]
     assert finishes == ["tool_calls"] == [whole.finish_reason]
     usage = chunks[-1].usage
-    booked = entry(engine, chunks[0].id)
-    assert (booked.prompt_tokens, booked.completion_tokens) == (
-        usage.prompt_tokens,
-        usage.completion_tokens,
-    )
+    assert_booked_as_told(engine, chunks[0].id, usage)
     assert usage.completion_tokens == len(fake_upstream.call_deltas(["get_weather", "get_time"]))
-    assert -booked.amount == usage.total_tokens
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -538,12 +529,7 @@ def test_tool_calls_without_upstream_usage_are_billed_the_tokenizers_count_of_th
         arguments = "".join(fake_upstream.call_arguments(n) for n in ("get_weather", "get_time"))
         counted = len(tokenizer.encode(arguments))
     assert usage.completion_tokens == counted
-    booked = entry(engine, answer_id)
-    assert (booked.prompt_tokens, booked.completion_tokens) == (
-        usage.prompt_tokens,
-        usage.completion_tokens,
-    )
-    assert -booked.amount == usage.total_tokens
+    assert_booked_as_told(engine, answer_id, usage)
     assert (balance(engine).held, open_holds(engine)) == (0, 0)
 
 
