@@ -163,11 +163,11 @@ def _logits_output(session: ort.InferenceSession) -> ort.NodeArg:
     return next(o for o in session.get_outputs() if o.name == "logits")
 
 
-def _last_position_only(session: ort.InferenceSession) -> bool:
-    """Whether the graph's `logits` has a sequence dim of 1, or of `LOGITS_POSITIONS` (the
-    edit's input, 1 unless a call says otherwise)."""
+def _last_position_only(session: ort.InferenceSession, counted: bool) -> bool:
+    """Whether the graph's `logits` has a sequence dim of 1, or of `LOGITS_POSITIONS` where
+    the graph takes that input (`counted`: 1 unless a call says otherwise)."""
     logits = _logits_output(session)
-    return len(logits.shape) == 3 and (logits.shape[1] == 1 or _counts_logits_positions(session))
+    return len(logits.shape) == 3 and (logits.shape[1] == 1 or counted)
 
 
 def _counts_logits_positions(session: ort.InferenceSession) -> bool:
@@ -265,9 +265,9 @@ class OnnxCausalLM:
             fuse=fuse_attention,
             int8_kernel=int8_kernel,
         )
-        self.last_position_only = _last_position_only(self.session)
         # Whether a call can have the logits of its last few positions (a speculative step's)
         self.logits_positions = _counts_logits_positions(self.session)
+        self.last_position_only = _last_position_only(self.session, self.logits_positions)
         # Whether each position's logits are those it would get in a call of its own: not
         # where activations share a quantization scale (then drafts are not verified)
         self.positions_independent = not scales_shared(metadata)
