@@ -40,13 +40,15 @@ engine x precision:
 
 Every peer's settings are printed with the table. Figures: one-stream decode tokens/s (tokens 2..N
 over the time since token 1); aggregate tokens/s for 4, 8, 16 concurrent streams (all tokens over
-the wall time); time to first token for a 512-token prompt, idle and while 8 streams decode, and
-(ours over HTTP) for the next turn of a conversation that began with it; every other HTTP prompt is
-unique, so none starts from the server's prefix cache (the run fails if one does); the peak RSS of
-the serving process once loaded; and the floor, bandwidth / weight bytes read per token (every
-initializer a node reads, an embedding one row; for GGUF every tensor, the tied embedding in
-full as it is the head; the bandwidth is the median of readings before the rounds and after
-each). Each figure is the median over `--rounds` rounds, and the peers are interleaved within
+the wall time, the burst's prefill included); 8 streams' decode throughput (each stream's tokens
+2..N over its time since token 1, summed: the one-stream figure's measure, against which the
+8-stream target is judged); time to first token for a 512-token prompt, idle and while 8 streams
+decode, and (ours over HTTP) for the next turn of a conversation that began with it; every other
+HTTP prompt is unique, so none starts from the server's prefix cache (the run fails if one does);
+the peak RSS of the serving process once loaded; and the floor, bandwidth / weight bytes read per
+token (every initializer a node reads, an embedding one row; for GGUF every tensor, the tied
+embedding in full as it is the head; the bandwidth is the median of readings before the rounds and
+after each). Each figure is the median over `--rounds` rounds, and the peers are interleaved within
 each round, because this shared 2-core machine drifts by tens of percent over minutes: only
 ratios inside one run mean much. The 8-stream burst runs `BUSY_PAIRS` times a round, each
 peer's right after the others', and HTTP against direct is judged on the median of those pairs'
@@ -969,9 +971,10 @@ def measure_rounds(peers: list[Peer], rounds: int, budget_s: float, bandwidths: 
                 if kind == "streams":
                     if value == 1:
                         peer.record("one", result["per"])
-                        peer.record("agg1", result["agg"])
-                    else:
-                        peer.record(f"agg{value}", result["agg"])
+                    peer.record(f"agg{value}", result["agg"])
+                    # Decode throughput: every stream's tokens 2..N over its time since token
+                    # 1, summed (the one-stream figure is this at 1): prefill left out of both.
+                    peer.record(f"dec{value}", value * result["per"])
                 elif kind == "turn":
                     peer.record("ttft_turn", result["ttft"])
                     peer.record("turn_cached", result["cached"])
@@ -1004,6 +1007,7 @@ def table(peers: list[Peer], bandwidth: float) -> str:
     streams = PLAN.streams
     head = ["engine", "precision", "MB read/token", "floor tok/s", "1 stream tok/s", "of floor"]
     head += [f"{s} streams tok/s" for s in streams]
+    head.append(f"{BUSY_STREAMS} streams decoding tok/s")
     head += [
         f"TTFT {PLAN.ttft_prompt} idle s",
         f"TTFT {PLAN.ttft_prompt}, {BUSY_STREAMS} running s",
@@ -1017,6 +1021,7 @@ def table(peers: list[Peer], bandwidth: float) -> str:
         row = [peer.label, peer.precision, fmt(peer.floor_bytes / 1e6, 0), fmt(floor)]
         row += [fmt(one), fmt(one / floor, 2)]
         row += [fmt(peer.median(f"agg{s}")) for s in streams]
+        row.append(fmt(peer.median(f"dec{BUSY_STREAMS}")))
         row += [fmt(peer.median("ttft"), 3), fmt(peer.median("ttft_busy"), 3)]
         row.append(fmt(peer.median("ttft_turn"), 3))
         row.append(fmt(peak_rss_mb(peer.pid), 0))
@@ -1051,9 +1056,20 @@ def targets(peers: list[Peer], bandwidth: float) -> list[str]:
             if "q4_0" in llama:
                 ratio = one / llama["q4_0"].median("one")
                 check(f"{label} int4 1 stream >= 1.2x llama.cpp q4_0", ratio, 1.2, f"{ratio:.2f}x")
-            if f"agg{BUSY_STREAMS}" in int4.results:
-                ratio = int4.median(f"agg{BUSY_STREAMS}") / one
-                check(f"{label} int4 8 streams >= 5x 1 stream", ratio, 5.0, f"{ratio:.2f}x")
+            if f"dec{BUSY_STREAMS}" in int4.results:
+                # Like for like: decode throughput at 8 streams over one stream's decode rate.
+                # The bursts' wall-time figures (prefill of 8 prompts inside the 8-stream one,
+                # of one inside the other) are printed beside it, not judged.
+                ratio = int4.median(f"dec{BUSY_STREAMS}") / one
+                wall = int4.median(f"agg{BUSY_STREAMS}") / int4.median("agg1")
+                check(
+                    f"{label} int4 8 streams >= 5x 1 stream",
+                    ratio,
+                    5.0,
+                    f"{ratio:.2f}x decoding ({int4.median(f'dec{BUSY_STREAMS}'):.1f} against "
+                    f"{one:.1f} tok/s); all tokens over the burst's wall time, prefill "
+                    f"included: {wall:.2f}x",
+                )
         if int8:
             floor = bandwidth * 1e9 / int8.floor_bytes
             ratio = int8.median("one") / floor
