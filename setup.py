@@ -39,14 +39,19 @@ class BuildOps(build_ext):
         except ops.BuildError as exc:
             if ops.required():
                 raise
-            print(f"ops library not built: {exc}; serving uses ONNX Runtime's kernels", file=sys.stderr)
+            print(
+                f"ops library not built: {exc}; serving uses ONNX Runtime's kernels",
+                file=sys.stderr,
+            )
 
 
 setup(
     ext_modules=[
         Extension(
             "api.engine.ops.libtokenshop_ops",
-            sources=[f"{OPS}/csrc/{name}" for name in ("ops.c", "matmul.c", "attention.c")],
+            sources=[
+                f"{OPS}/csrc/{name}" for name in ("ops.c", "matmul.c", "attention.c", "embedding.c")
+            ],
         )
     ],
     cmdclass={"build_ext": BuildOps},

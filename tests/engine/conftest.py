@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from api.engine.export.quantize import Int4Config, quantize_int4, quantize_int8
 from api.engine.local_engine import LocalEngine
+from api.engine.model import causal_lm as engine_model
 from api.engine.model.session_cache import MODEL_FILE
 from api.engine.ops.library import default_library, runs_here
 from api.engine.protocol import GenerationOutput, GenerationRequest, KvCacheDtype, SamplingParams
@@ -124,6 +125,13 @@ def library() -> Path:
             pytest.fail(reason)
         pytest.skip(reason)
     return path
+
+
+@pytest.fixture
+def served_with_our_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine serves int8 projections with our op on any CPU, not only where it is chosen
+    (AVX-512 VNNI): its AVX2 path is served the same way, and checked the same way."""
+    monkeypatch.setattr(engine_model, "int8_kernel_runs_faster", lambda library: True)
 
 
 @pytest.fixture(params=["default", "vnni", "avx2"])

@@ -9,7 +9,8 @@ An export stays standard on disk; when it is loaded, `edited_graph` rewrites it 
 3. `int4_matmul` (our ops library): int4 projections on our `Int4MatMul`, then `swiglu` folds
    a SwiGLU MLP's activation into it.
 4. `int8_matmul` (our ops library, on CPUs where it is faster): dynamically quantized int8
-   projections on our `Int8MatMul`.
+   projections on our `Int8MatMul`; then `tied_embedding` reads a tied model's embedding from
+   the int8 head's weights.
 5. `attention` (our ops library, after 2): the fused attention on our `CachedAttention`, over a
    float16 cache where ENGINE_KV_CACHE_DTYPE asks (`auto`: for quantized exports).
 
@@ -32,6 +33,7 @@ from api.engine.graph.int8_matmul import use_int8_kernel
 from api.engine.graph.last_logits import EDIT_TAG, slice_last_position
 from api.engine.graph.merged_projections import merge_projections
 from api.engine.graph.swiglu import fold_swiglu
+from api.engine.graph.tied_embedding import share_tied_embedding
 from api.engine.protocol import KvCacheDtype
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
 FUSED_TAG = "gqa-rope-v3+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
-INT8_KERNEL_TAG = "int8-kernel-v2+residual"
+INT8_KERNEL_TAG = "int8-kernel-v2+residual+tied-embedding"
 ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
 KV_CACHE_TAG = "kv-cache"  # + the asked type, where it is not float32
 REPORT_TAG = "serving-path"  # the metadata `edits_of` reads
@@ -51,7 +53,7 @@ WEIGHTS_KEY = "tokenshop.weights"  # metadata: int4, int8 or float, as exported
 SHARED_SCALES_KEY = "tokenshop.shared_scales"
 
 # The edits that put a node on our ops library.
-OUR_OP_EDITS = ("int4-matmul", "int8-matmul", "attention")
+OUR_OP_EDITS = ("int4-matmul", "int8-matmul", "tied-embedding", "attention")
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
             applied.append("swiglu")
     if plan.int8_kernel and use_int8_kernel(proto) > 0:
         applied.append("int8-matmul")
+        if share_tied_embedding(proto, model_file.parent):
+            applied.append("tied-embedding")
     if fused and plan.attention_kernel and use_attention_kernel(proto) > 0:
         applied.append("attention")
         quantized = weights != "float"  # int4 or int8: the edits only change whose op runs them

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("ops.c", "matmul.c", "attention.c")]
+SOURCES = [CSRC / name for name in ("ops.c", "matmul.c", "attention.c", "embedding.c")]
 INCLUDE = CSRC / "third_party"
 FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror"]
 REQUIRE_ENV = "TOKENSHOP_REQUIRE_OPS"

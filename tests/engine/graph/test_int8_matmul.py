@@ -181,13 +181,6 @@ def test_graph_edit_removes_the_activations_quantizer_once_nothing_reads_it() ->
     assert "x.q" not in ops and "q.int32" not in ops and "k.scales" not in ops
 
 
-@pytest.fixture
-def served_with_our_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine serves int8 projections with our op on any CPU, not only where it is chosen
-    (AVX-512 VNNI): its AVX2 path is served the same way, and checked the same way."""
-    monkeypatch.setattr(engine_model, "int8_kernel_runs_faster", lambda library: True)
-
-
 def test_our_op_serves_only_where_it_multiplies_with_vnni(
     library: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -87,8 +87,7 @@ typedef struct {
   float zero_point;
   StripFunction multiply_strip;
   const uint8_t *weights; /* a copy of B on huge pages, when B is a constant; else NULL */
-  void *mapping;          /* the copy's mapping, and its size */
-  size_t mapping_bytes;
+  SharedWeights *shared;  /* that copy, which other kernels reading B may hold too */
 } Int4Kernel;
 
 /* ---- activations: float rows -> int8 blocks ---- */
@@ -236,7 +235,7 @@ static size_t weight_bytes(const Int4Kernel *k) {
   return (size_t)(k->n * ((k->k + k->block - 1) / k->block) * k->block * k->bits / 8);
 }
 
-static size_t g_copied_bytes; /* weights the live kernels hold in copies (copy_weights) */
+static size_t g_copied_bytes; /* weights the live kernels hold in copies (share_weights) */
 static int g_huge_pages = 1;  /* whether kernels made from now on copy their weights */
 
 /* Whether kernels made from now on serve their weights from copies on 2 MB pages (on by
@@ -293,30 +292,82 @@ static void give_back(const void *data, size_t bytes) {
 #endif
 }
 
-/* B, when the graph holds it as a constant of 2 MB or more, copied onto 2 MB pages. ONNX
- * Runtime maps the weights from the model file in 4 KB pages, and streaming them costs a TLB
- * miss every 4 KB and stops the hardware prefetchers at each page's end. The constant's own
- * pages are handed back (give_back), so memory does not double. Figures:
- * bench/results/2026-11-26-kernel-notes.md. */
-static void copy_weights(const OrtKernelInfo *info, Int4Kernel *k) {
-  k->weights = NULL;
-  k->mapping = NULL;
-  size_t bytes = weight_bytes(k);
-  if (bytes < HUGE_PAGE || !__atomic_load_n(&g_huge_pages, __ATOMIC_RELAXED)) return;
-  if (!huge_pages_allowed()) return;
-  const void *data = constant_input(info, 1, bytes);
-  if (data == NULL) return; /* not a constant: the input serves as it is */
+/* A copy of one constant on 2 MB pages, held by every kernel that reads that constant: a tied
+ * model's LM head (Int8MatMul) and its embedding (HeadEmbedding, embedding.c) share one. */
+struct SharedWeights {
+  const void *source; /* the constant's data, as ONNX Runtime holds it */
+  size_t bytes;
+  uint8_t *aligned; /* the copy */
+  void *mapping;    /* the copy's mapping, and its size */
+  size_t mapping_bytes;
+  int users;
+  SharedWeights *next;
+};
+
+static SharedWeights *g_shared; /* every live copy */
+static pthread_mutex_t g_shared_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static SharedWeights *copy_of(const void *data, size_t bytes) {
   size_t mapped = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE + HUGE_PAGE;
   uint8_t *area = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (area == MAP_FAILED) return;
+  if (area == MAP_FAILED) return NULL;
+  SharedWeights *copy = calloc(1, sizeof(SharedWeights));
+  if (copy == NULL) {
+    munmap(area, mapped);
+    return NULL;
+  }
   uint8_t *aligned = (uint8_t *)(((uintptr_t)area + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
   madvise(aligned, bytes, MADV_HUGEPAGE);
   memcpy(aligned, data, bytes);
-  k->weights = aligned;
-  k->mapping = area;
-  k->mapping_bytes = mapped;
+  *copy = (SharedWeights){.source = data,
+                          .bytes = bytes,
+                          .aligned = aligned,
+                          .mapping = area,
+                          .mapping_bytes = mapped};
   __atomic_add_fetch(&g_copied_bytes, bytes, __ATOMIC_RELAXED);
   give_back(data, bytes);
+  return copy;
+}
+
+/* Input `index` of `bytes` bytes, when the graph holds it as a constant of 2 MB or more, served
+ * from a copy on 2 MB pages. ONNX Runtime maps the weights from the model file in 4 KB pages,
+ * and streaming them costs a TLB miss every 4 KB and stops the hardware prefetchers at each
+ * page's end. The constant's own pages are handed back (give_back), so memory does not double;
+ * a kernel reading a constant another kernel copied takes that copy. NULL (and no handle) where
+ * the input serves as it is. Figures: bench/results/2026-11-26-kernel-notes.md. */
+const uint8_t *tokenshop_share_weights(const OrtKernelInfo *info, size_t index, size_t bytes,
+                                       SharedWeights **handle) {
+  *handle = NULL;
+  if (bytes < HUGE_PAGE || !__atomic_load_n(&g_huge_pages, __ATOMIC_RELAXED)) return NULL;
+  if (!huge_pages_allowed()) return NULL;
+  const void *data = constant_input(info, index, bytes);
+  if (data == NULL) return NULL; /* not a constant: the input serves as it is */
+  pthread_mutex_lock(&g_shared_lock);
+  SharedWeights *copy = g_shared;
+  while (copy != NULL && !(copy->source == data && copy->bytes == bytes)) copy = copy->next;
+  if (copy == NULL && (copy = copy_of(data, bytes)) != NULL) {
+    copy->next = g_shared;
+    g_shared = copy;
+  }
+  if (copy != NULL) copy->users++;
+  pthread_mutex_unlock(&g_shared_lock);
+  *handle = copy;
+  return copy != NULL ? copy->aligned : NULL;
+}
+
+/* A kernel's hold on a copy ends; the last one unmaps it. NULL: nothing held. */
+void tokenshop_release_weights(SharedWeights *copy) {
+  if (copy == NULL) return;
+  pthread_mutex_lock(&g_shared_lock);
+  if (--copy->users == 0) {
+    SharedWeights **link = &g_shared;
+    while (*link != copy) link = &(*link)->next;
+    *link = copy->next;
+    munmap(copy->mapping, copy->mapping_bytes);
+    __atomic_sub_fetch(&g_copied_bytes, copy->bytes, __ATOMIC_RELAXED);
+    free(copy);
+  }
+  pthread_mutex_unlock(&g_shared_lock);
 }
 
 /* The best set this CPU has, or a lesser one TOKENSHOP_INT4_ISA names (avx2, vnni), so that
@@ -379,7 +430,7 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
       {multiply_strip4_avx2, multiply_strip4_vnni, multiply_strip4_amx},
       {multiply_strip8_avx2, multiply_strip8_vnni, multiply_strip8_amx}};
   k.multiply_strip = strips[bits == 8][isa];
-  copy_weights(info, &k);
+  k.weights = tokenshop_share_weights(info, 1, weight_bytes(&k), &k.shared);
   Int4Kernel *made = malloc(sizeof(Int4Kernel));
   if (made == NULL) return g_api->CreateStatus(ORT_FAIL, "Int4MatMul: out of memory");
   *made = k;
@@ -503,11 +554,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
 }
 
 static void ORT_API_CALL destroy_kernel(void *kernel) {
-  Int4Kernel *k = kernel;
-  if (k->mapping != NULL) {
-    munmap(k->mapping, k->mapping_bytes);
-    __atomic_sub_fetch(&g_copied_bytes, weight_bytes(k), __ATOMIC_RELAXED);
-  }
+  tokenshop_release_weights(((Int4Kernel *)kernel)->shared);
   free(kernel);
 }
 

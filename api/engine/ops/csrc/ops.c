@@ -1,7 +1,8 @@
 /* The library's entry point: ONNX Runtime calls `RegisterCustomOps` when a session's options
  * register the library, and gets one domain ("tokenshop") holding every op: Int4MatMul and
- * Int8MatMul (matmul.c), CachedAttention and CachedAttentionHalfCache (attention.c). Also what
- * the op files share (ops.h), and the CPU check the engine makes before it edits a graph. */
+ * Int8MatMul (matmul.c), CachedAttention and CachedAttentionHalfCache (attention.c),
+ * HeadEmbedding (embedding.c). Also what the op files share (ops.h), and the CPU check the
+ * engine makes before it edits a graph. */
 #include <pthread.h>
 #include <stddef.h>
 
@@ -78,6 +79,7 @@ void tokenshop_fill_op(OrtCustomOp *op, const OpCallbacks *callbacks) {
 
 static MatMulOp g_int4, g_int8;
 static AttentionOp g_attention, g_attention_half;
+static OrtCustomOp g_embedding;
 static OrtCustomOpDomain *g_domain;
 static OrtStatus *g_domain_error;
 static pthread_once_t g_domain_once = PTHREAD_ONCE_INIT;
@@ -88,7 +90,9 @@ static void make_domain(void) {
   tokenshop_fill_matmul(&g_int8, 8);
   tokenshop_fill_attention(&g_attention, 0);
   tokenshop_fill_attention(&g_attention_half, 1);
-  OrtCustomOp *ops[] = {&g_int4.op, &g_int8.op, &g_attention.op, &g_attention_half.op};
+  tokenshop_fill_embedding(&g_embedding);
+  OrtCustomOp *ops[] = {&g_int4.op, &g_int8.op, &g_attention.op, &g_attention_half.op,
+                        &g_embedding};
   g_domain_error = g_api->CreateCustomOpDomain("tokenshop", &g_domain);
   for (size_t i = 0; i < sizeof ops / sizeof ops[0] && g_domain_error == NULL; i++)
     g_domain_error = g_api->CustomOpDomain_Add(g_domain, ops[i]);

@@ -4,6 +4,9 @@
 #ifndef TOKENSHOP_OPS_H
 #define TOKENSHOP_OPS_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "onnxruntime_c_api.h"
 
 extern const OrtApi *g_api;
@@ -36,6 +39,14 @@ void tokenshop_fill_op(OrtCustomOp *op, const OpCallbacks *callbacks);
 /* Input `index` of a kernel's node, or NULL for an optional input the node leaves out. */
 OrtStatus *tokenshop_input(OrtKernelContext *context, size_t index, const OrtValue **value);
 
+/* Weights on 2 MB pages, one copy per constant however many kernels read it (matmul.c):
+ * input `index` of a kernel's node when it is a constant of `bytes` bytes, else NULL. A kernel
+ * holding a copy releases it when it is destroyed. */
+typedef struct SharedWeights SharedWeights;
+const uint8_t *tokenshop_share_weights(const OrtKernelInfo *info, size_t index, size_t bytes,
+                                       SharedWeights **handle);
+void tokenshop_release_weights(SharedWeights *handle);
+
 /* Int4MatMul (bits 4) and Int8MatMul (bits 8): matmul.c. */
 typedef struct {
   OrtCustomOp op; /* first: ONNX Runtime hands the callbacks this address back */
@@ -52,5 +63,8 @@ typedef struct {
 } AttentionOp;
 
 void tokenshop_fill_attention(AttentionOp *op, int half_cache);
+
+/* HeadEmbedding (embedding.c). */
+void tokenshop_fill_embedding(OrtCustomOp *op);
 
 #endif
