@@ -175,3 +175,31 @@ async def test_a_caller_cancelled_while_queued_writes_nothing(engine, session):
         await gone
     session.commit()
     assert ledger.get_balance(session=session, account_id=account.id).held == 100
+
+
+async def test_a_write_alone_runs_without_a_savepoint_and_fails_alone(engine, session):
+    account = make_account(session, tokens=1_000)
+    writes = GroupCommit(engine)
+    statements: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement.split()[0].upper())
+
+    def grant_then_fail(s: Session) -> None:
+        ledger.grant(session=s, account_id=account.id, tokens=5_000)
+        raise ValueError("failed after writing")
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        assert await writes.run(hold(account.id, "alone", 300), accounts=(account.id,)) == "alone"
+        with pytest.raises(ValueError):
+            await writes.run(grant_then_fail, accounts=(account.id,))
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+    assert "SAVEPOINT" not in statements
+    session.commit()
+    balance = ledger.get_balance(session=session, account_id=account.id)
+    assert (balance.balance, balance.held) == (1_000, 300)
+    assert ledger.audit(session=session) == []
+
