@@ -49,10 +49,15 @@ class Books:
         self._writes = GroupCommit(self.db)
 
     async def _run(
-        self, work: Callable[[Session], T], *, write: bool = True, accounts: Iterable[int] = ()
+        self,
+        work: Callable[[Session], T],
+        *,
+        write: bool = True,
+        accounts: Iterable[int] = (),
+        durable: bool = True,
     ) -> T:
         if write:
-            return await self._writes.run(work, accounts=accounts)
+            return await self._writes.run(work, accounts=accounts, durable=durable)
 
         def read() -> T:
             with session_scope(reading(self.db)) as session:
@@ -92,6 +97,9 @@ class Books:
         model: str,
         key_id: int | None = None,
     ) -> Hold:
+        """Placed with a commit that need not wait for the disk (`billing.db.lazily_flushed`):
+        a hold bills nothing until its first checkpoint, a flushed commit that makes it durable
+        too, so losing it with the machine before then loses nothing billed."""
         return await self._run(
             lambda s: ledger.hold(
                 session=s,
@@ -106,6 +114,7 @@ class Books:
                 key_id=key_id,
             ),
             accounts=(account_id,),
+            durable=False,
         )
 
     async def checkpoint(self, hold_id: str, used: int, *, account_id: int) -> None:

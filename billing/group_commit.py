@@ -32,7 +32,7 @@ from anyio import to_thread
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from billing.db import session_scope
+from billing.db import lazily_flushed, session_scope
 from billing.locks import lock_accounts
 
 T = TypeVar("T")
@@ -46,6 +46,7 @@ class _Write:
     work: Work
     future: asyncio.Future[Any]
     accounts: tuple[int, ...] = ()
+    durable: bool = True
 
 
 @dataclass(frozen=True)
@@ -59,21 +60,27 @@ class GroupCommit:
 
     def __init__(self, engine: Engine, *, max_batch: int = MAX_BATCH) -> None:
         self._engine = engine
+        self._lazy_engine = lazily_flushed(engine)
         self._max_batch = max_batch
         self._queue: list[_Write] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def run(self, work: Callable[[Session], T], *, accounts: Iterable[int] = ()) -> T:
+    async def run(
+        self, work: Callable[[Session], T], *, accounts: Iterable[int] = (), durable: bool = True
+    ) -> T:
         """`work`'s result once its transaction has committed; its error if it raised (its
         writes rolled back, the batch's others kept); the commit's error if that failed.
 
         `accounts`: every account whose rows `work` writes or refers to (holds, ledger entries,
         idempotency records); the batch locks them before any write runs.
 
+        `durable=False`: the commit may return before it reaches the disk, where the database
+        allows it (`billing.db.lazily_flushed`); a batch is flushed unless all its writes allow.
+
         A caller cancelled before its batch starts leaves nothing written; one cancelled after
         leaves its write to land or fail with the batch."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Write(work, future, tuple(accounts)))
+        self._queue.append(_Write(work, future, tuple(accounts), durable))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
@@ -96,7 +103,8 @@ class GroupCommit:
             _answer(batch, outcomes)
 
     def _commit(self, batch: list[_Write]) -> list[_Outcome]:
-        with session_scope(self._engine) as session:
+        engine = self._engine if any(w.durable for w in batch) else self._lazy_engine
+        with session_scope(engine) as session:
             lock_accounts(session, (account for write in batch for account in write.accounts))
             if len(batch) == 1:  # its transaction is its own: an error rolls back all of it
                 return [_Outcome(value=batch[0].work(session))]

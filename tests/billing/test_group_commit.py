@@ -203,3 +203,29 @@ async def test_a_write_alone_runs_without_a_savepoint_and_fails_alone(engine, se
     assert (balance.balance, balance.held) == (1_000, 300)
     assert ledger.audit(session=session) == []
 
+
+async def test_a_batch_skips_the_disk_flush_only_when_all_its_writes_may(engine, session):
+    """SQLite: `durable=False` writes (holds) commit without waiting for the disk, unless a
+    write that must (a settlement, a purchase) shares their batch."""
+    if engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL flushes every commit")
+    writes = GroupCommit(engine)
+
+    def synchronous(s: Session) -> int:
+        return int(s.connection().exec_driver_sql("PRAGMA synchronous").scalar_one())
+
+    assert await writes.run(synchronous, durable=False) == 1  # NORMAL
+    assert await writes.run(synchronous) == 2  # FULL
+
+    async def batch(*durable: bool) -> list[int]:
+        gate = Gate()
+        first = asyncio.create_task(writes.run(gate))
+        await asyncio.to_thread(gate.entered.wait, 30)
+        tasks = [asyncio.create_task(writes.run(synchronous, durable=d)) for d in durable]
+        await asyncio.sleep(0)
+        gate.open()
+        await first
+        return await asyncio.gather(*tasks)
+
+    assert await batch(False, False) == [1, 1]
+    assert await batch(False, True) == [2, 2]
