@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import from_json
+
 from api.engine.protocol import (
     ChatMessage,
     GenerationRequest,
@@ -96,7 +98,10 @@ class Piece:
 
 def parse_chunk(data: str | bytes) -> Piece:
     """One `data:` payload of a stream (raises ValueError on one that is not JSON)."""
-    document = json.loads(data)
+    try:
+        document = from_json(data)  # a third of `json.loads`' time, once a streamed token
+    except ValueError:  # or what only `json` takes: a lone surrogate's escape
+        document = json.loads(data)
     if not isinstance(document, dict):
         raise ValueError("a chunk is not a JSON object")
     if "error" in document:
