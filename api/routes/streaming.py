@@ -9,6 +9,7 @@ closed it, after the process's lease had already released the hold unbilled. Her
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
@@ -27,8 +28,38 @@ class EventStream(StreamingResponse):
         self._close = close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream in this task while another waits for the client to leave, which ends the
+        stream as Starlette's own does for an ASGI 2.3 server (uvicorn's sends to a client that
+        left return quietly). Not Starlette's task group: its second task and cancel scopes cost
+        a turn of the event loop and 0.2 ms before the first byte."""
+        task = asyncio.current_task()
+        assert task is not None
+        streaming, left = True, False
+
+        def client_left(watch: asyncio.Future[None]) -> None:
+            nonlocal left
+            if streaming and not watch.cancelled() and watch.exception() is None:
+                left = True
+                task.cancel()
+
+        watch = asyncio.ensure_future(_disconnect(receive))
+        watch.add_done_callback(client_left)
         try:
-            await super().__call__(scope, receive, send)
+            try:
+                await self.stream_response(send)
+            finally:
+                streaming = False  # before any await: `client_left` cancels nothing after this
+        except asyncio.CancelledError:
+            if not left or task.uncancel() > 0:  # cancelled by someone else too: theirs
+                raise
         finally:
+            watch.remove_done_callback(client_left)
+            if not watch.cancel() and not watch.cancelled():
+                watch.exception()  # taken, so that none is reported unread
             with anyio.CancelScope(shield=True):
                 await self._close()
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
