@@ -194,3 +194,32 @@ def test_a_refused_connection_raises_connect_failed() -> None:
             )
 
     asyncio.run(run())
+
+
+def test_gaps_shorter_than_the_read_timeout_never_raise_however_long_the_stream() -> None:
+    """The read timeout's timer is set for many reads at once: when it fires before the read in
+    progress is due, it moves on instead of ending that read."""
+
+    async def trickles(
+        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        await read_request(reader)
+        writer.write(SSE_HEAD)
+        for n in range(30):
+            await asyncio.sleep(0.01)
+            writer.write(chunked(b'data: {"n": %d}\r\n\r\n' % n)[:-5])  # no terminator yet
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def run() -> None:
+        async with Server(trickles) as url:
+            pool = http.Pool(connect_timeout=2)
+            response = await pool.post(url, b"{}", {}, read_timeout=0.1)
+            events = [event async for event in response.data()]
+            assert events == [b'{"n": %d}' % n for n in range(30)]
+            await response.aclose()
+            pool.close()
+
+    asyncio.run(run())

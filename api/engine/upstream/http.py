@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import ssl
 import zlib
 from collections import deque
@@ -168,17 +169,18 @@ class Response:
         assert connection is not None, "the response was closed"
         decoder = _decoder(connection.content_encoding)
         while (piece := await connection.next_piece()) is not None:
-            if decoder is not None:
-                try:
-                    piece = decoder.decompress(piece)
-                except zlib.error:
-                    raise BrokenOff("the body does not decompress") from None
-            yield piece
+            yield piece if decoder is None else _decompress(decoder, piece)
 
     async def data(self) -> AsyncGenerator[bytes]:
-        """The payloads of a server-sent event stream's `data:` lines, as bytes, stripped."""
+        """The payloads of a server-sent event stream's `data:` lines, as bytes, stripped.
+        It reads the connection itself, not through `body`: one generator less a token."""
+        connection = self._connection
+        assert connection is not None, "the response was closed"
+        decoder = _decoder(connection.content_encoding)
         pending = b""
-        async for piece in self.body():
+        while (piece := await connection.next_piece()) is not None:
+            if decoder is not None:
+                piece = _decompress(decoder, piece)
             *lines, pending = (pending + piece).split(b"\n")
             for line in lines:
                 if line.startswith(b"data:"):
@@ -215,6 +217,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.read_timeout: float | None = None
         self.lost = False
+        self._timer: asyncio.TimerHandle | None = None  # one for many waits (`_wait`)
+        self._timer_at = math.inf
+        self._due = math.inf  # when the wait in progress times out
         self.reset()
 
     def reset(self) -> None:
@@ -312,23 +317,37 @@ class _Connection(asyncio.Protocol):
         return self.pieces.popleft()
 
     async def _wait(self) -> None:
+        """Until the parser has news; ReadTimeout after `read_timeout` seconds without. The
+        timer is set again only when it would fire too late, not once a token: one set by an
+        earlier wait that fires before this one is due moves on to when it is."""
         if self.error is not None:
             raise self.error
         loop = asyncio.get_running_loop()
+        timeout = self.read_timeout
+        self._due = math.inf if timeout is None else loop.time() + timeout
+        if self._due < self._timer_at:
+            self._arm(loop, self._due)
         waiter = self.waiter = loop.create_future()
-        timer = None
-        if self.read_timeout is not None:
-            timer = loop.call_later(self.read_timeout, self._time_out, waiter)
         try:
             await waiter
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
 
-    def _time_out(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None if math.isinf(when) else loop.call_at(when, self._time_out)
+        self._timer_at = when
+
+    def _time_out(self) -> None:
+        fired_for, self._timer, self._timer_at = self._timer_at, None, math.inf
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # no wait in progress: the next one sets the timer again
+        if self._due <= fired_for:
             waiter.set_exception(ReadTimeout("no data within the read timeout"))
+        else:
+            self._arm(waiter.get_loop(), self._due)
 
     def _fail(self, error: UpstreamHTTPError) -> None:
         if self.error is None:
@@ -341,6 +360,9 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def abort(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
         self.transport.abort()
 
 
@@ -355,6 +377,13 @@ def _head(origin: Origin, path: str, length: int, headers: Mapping[str, str]) ->
         *(f"{name}: {value}" for name, value in headers.items()),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _decompress(decoder: zlib._Decompress, piece: bytes) -> bytes:
+    try:
+        return decoder.decompress(piece)
+    except zlib.error:
+        raise BrokenOff("the body does not decompress") from None
 
 
 def _decoder(encoding: bytes) -> zlib._Decompress | None:
