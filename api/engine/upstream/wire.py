@@ -110,9 +110,11 @@ def parse_chunk(data: str | bytes) -> Piece:
     for choice in document.get("choices") or []:
         delta = choice.get("delta") or {}
         piece.text += delta.get("content") or ""
-        piece.tool_calls += _tool_calls(delta.get("tool_calls"), streamed=True)
+        if calls := delta.get("tool_calls"):
+            piece.tool_calls += _tool_calls(calls, streamed=True)
         piece.finish_reason = choice.get("finish_reason") or piece.finish_reason
-        piece.logprobs = _logprobs(choice.get("logprobs"))
+        logprobs = choice.get("logprobs")
+        piece.logprobs = _logprobs(logprobs) if logprobs else None
     return piece
 
 
