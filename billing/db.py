@@ -84,7 +84,7 @@ def _make_sqlite_engine(url: str, **kwargs: Any) -> Engine:
         options = connection.get_execution_options()
         synchronous = options.get("sqlite_synchronous", "FULL")
         if connection.info.get("synchronous", "FULL") != synchronous:  # only outside a transaction
-            connection.exec_driver_sql(f"PRAGMA synchronous={synchronous}")
+            connection.connection.dbapi_connection.execute(f"PRAGMA synchronous={synchronous}")
             connection.info["synchronous"] = synchronous
         connection.exec_driver_sql(f"BEGIN {options.get('sqlite_begin', 'IMMEDIATE')}")
 
