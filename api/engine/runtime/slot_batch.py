@@ -215,7 +215,7 @@ class SlotBatch:
         pages are allocated when first written: a row no sequence holds takes no memory.
         Copying every row to the longest one's length into `np.zeros` wrote into all of them
         (on 2 MB pages, all of each): 3.3 GB resident for one 2,000-token prompt on a
-        Llama-3.2-3B shape (bench/results/2026-11-26-compare-zen4-e6ecaf7.md)."""
+        Llama-3.2-3B shape (bench/results/2026-11-26-compare-llama-3.2-3b-zen4-99cd59b.md)."""
         if needed <= self.capacity:
             return
         capacity = min(max(needed, 2 * self.capacity), self.model.context_length)
