@@ -153,7 +153,7 @@ def test_a_replica_killed_mid_stream_has_its_holds_resolved_by_the_others_within
     engine: Engine, database_url: str, secret_key: bytes, tmp_path: Path
 ) -> None:
     key, account_id = funded_key(engine, secret_key)
-    with replicas(database_url, tmp_path, CHECKPOINT_SECONDS="0.5") as servers:
+    with replicas(database_url, tmp_path, CHECKPOINT_SECONDS="0.1") as servers:
         victim, survivor = servers[1], servers[0]
         streams = [Stream(victim, key) for _ in range(2)]
         for stream in streams:
@@ -291,7 +291,7 @@ def test_a_replica_restarted_under_its_name_settles_what_it_left_before_it_serve
     """Neither its lease (10 minutes here) nor its holds' expiry (5) has run out: the restart
     under the same INSTANCE_NAME is what frees them, before /ready says 200."""
     key, account_id = funded_key(engine, secret_key)
-    settings = {"CHECKPOINT_SECONDS": "0.5", "LEASE_SECONDS": "600"}
+    settings = {"CHECKPOINT_SECONDS": "0.1", "LEASE_SECONDS": "600"}
     first = start(database_url, tmp_path, "web.1", **settings)
     try:
         wait_ready(first)
