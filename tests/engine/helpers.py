@@ -70,6 +70,17 @@ def prefill_and_decode(engine, prompt: list[int], decode_steps: int) -> list[np.
     return steps
 
 
+def assert_close_picks(
+    got: list[np.ndarray], want: list[np.ndarray], what: str, bound: float = 0.02
+) -> None:
+    """Every step's logits within `bound` of the range of `want`'s, and the same tokens picked."""
+    for mine, theirs in zip(got, want, strict=True):
+        change = np.abs(mine - theirs).max() / np.ptp(theirs)
+        print(f"{what}: {change:.4f} of the range")
+        assert change < bound
+        assert (np.argmax(mine, axis=-1) == np.argmax(theirs, axis=-1)).all()
+
+
 FIRST_PROMPT = [(7 * i + 3) % 500 + 10 for i in range(40)]
 
 
