@@ -90,12 +90,45 @@ def make_gguf(
         writer.add_tensor(f"{block}.ffn_up.weight", weight(ffn, hidden))
         writer.add_tensor(f"{block}.ffn_down.weight", weight(hidden, ffn))
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(size, hidden))
+    # Rows of zeros for tokens that are not whole UTF-8 characters: their logit is 0, far below
+    # the largest of thousands of random logits, so the model writes whole characters, as a
+    # trained one does. A server that decodes as it streams (llama-cpp-python's) holds back the
+    # rest of the answer after a stray byte, and sees a client leave only between the chunks
+    # it sends.
+    output = weight(size, hidden)
+    output[[index for text, index in vocab.items() if not _whole_characters(text)]] = 0.0
+    writer.add_tensor("output.weight", output)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _whole_characters(token: str) -> bool:
+    """Whether a byte-level BPE token's bytes decode as UTF-8 on their own."""
+    try:
+        bytes(_BYTE_OF[char] for char in token).decode("utf-8")
+    except (KeyError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table of which printable character stands for each byte in a token's text."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_OF = {char: byte for byte, char in _bytes_to_unicode().items()}
 
 
 def main() -> None:
