@@ -144,6 +144,24 @@ def test_a_stream_without_upstream_usage_is_billed_the_tokenizers_count(direct, 
     )
 
 
+def test_the_upstream_streams_every_token_as_it_comes(direct):
+    # the premise of the next test: llama-cpp-python's server sees a client leave only between
+    # the chunks it sends, and after a token that is not a whole character it holds back the
+    # rest of the answer (its chunks then come at the end, with no text). models/make_gguf.py
+    # keeps the tiny model from writing such tokens, so every token's chunk carries its text.
+    chunks = direct.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=200, temperature=0, stream=True
+    )
+    pieces = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    own = direct.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=200, temperature=0
+    )
+    assert len(pieces) == own.usage.completion_tokens
+    assert "".join(pieces) == own.choices[0].message.content
+
+
 def test_a_dropped_stream_frees_the_upstreams_slot_within_a_second(llama, through, engine):
     with httpx.stream(
         "POST",
