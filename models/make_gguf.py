@@ -34,9 +34,12 @@ def make_gguf(
 ) -> Path:
     from gguf import GGUFWriter, TokenType
 
+    from api.engine.text.tokenizer import TokenizerWrapper
+
     tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
     config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
     vocab: dict[str, int] = tokenizer["model"]["vocab"]
+    token_bytes = TokenizerWrapper.from_file(tokenizer_dir / "tokenizer.json").token_bytes
     special = {token["id"]: token["content"] for token in tokenizer["added_tokens"]}
     size = max([*vocab.values(), *special]) + 1
     tokens = [f"[PAD{i}]" for i in range(size)]
@@ -96,7 +99,7 @@ def make_gguf(
     # rest of the answer after a stray byte, and sees a client leave only between the chunks
     # it sends.
     output = weight(size, hidden)
-    output[[index for text, index in vocab.items() if not _whole_characters(text)]] = 0.0
+    output[[index for index in vocab.values() if not _whole_characters(token_bytes(index))]] = 0.0
     writer.add_tensor("output.weight", output)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -105,30 +108,12 @@ def make_gguf(
     return out
 
 
-def _whole_characters(token: str) -> bool:
-    """Whether a byte-level BPE token's bytes decode as UTF-8 on their own."""
+def _whole_characters(piece: bytes) -> bool:
     try:
-        bytes(_BYTE_OF[char] for char in token).decode("utf-8")
-    except (KeyError, UnicodeDecodeError):
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
         return False
     return True
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's table of which printable character stands for each byte in a token's text."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    table, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            table[byte] = chr(byte)
-        else:
-            table[byte] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-_BYTE_OF = {char: byte for byte, char in _bytes_to_unicode().items()}
 
 
 def main() -> None:
