@@ -375,6 +375,7 @@ class ChatService:
         finally:
             prepared.arrived()
         finished: set[int] = set()
+        checkpoint_seconds = self.settings.checkpoint_seconds
         merged = merge_outputs(
             streams,
             keepalive=min(keepalive or math.inf, self.settings.checkpoint_seconds),
@@ -388,7 +389,8 @@ class ChatService:
                     for index in set(range(len(streams))) - finished:
                         yield index, self._cut(prepared, index)
                     return
-                await self._maybe_checkpoint(prepared)
+                if time.monotonic() - prepared.last_checkpoint >= checkpoint_seconds:
+                    await self._checkpoint(prepared)
                 if item is KEEPALIVE:
                     idle = time.monotonic() - last_yield
                     if keepalive is None or idle < keepalive:
@@ -427,23 +429,22 @@ class ChatService:
             tally.prompt_tokens = output.prompt_tokens  # hold was placed on an upper bound
         tally.cached_tokens = max(tally.cached_tokens, output.cached_tokens)
 
-    async def _maybe_checkpoint(self, prepared: PreparedChat) -> None:
-        now = time.monotonic()
-        if now - prepared.last_checkpoint >= self.settings.checkpoint_seconds:
-            prepared.last_checkpoint = now
-            # nothing generated yet: only extend the hold (a crash now must not bill the prompt)
-            used = prepared.tally.cost() if prepared.tally.completion_tokens else 0
-            try:
-                await self.books.checkpoint(prepared.id, used, account_id=prepared.account_id)
-            except DATABASE_UNAVAILABLE as exc:  # the hold still caps it; settling bills it all
-                logger.warning(
-                    "checkpoint of %s failed, generation goes on: %s",
-                    prepared.id,
-                    describe_database_error(exc),
-                )
-                # the next try waits a full interval after this one gave up, so a database
-                # that times out does not stall the stream on every output
-                prepared.last_checkpoint = time.monotonic()
+    async def _checkpoint(self, prepared: PreparedChat) -> None:
+        """Record the usage so far (the caller checks it is due: no coroutine a token)."""
+        prepared.last_checkpoint = time.monotonic()
+        # nothing generated yet: only extend the hold (a crash now must not bill the prompt)
+        used = prepared.tally.cost() if prepared.tally.completion_tokens else 0
+        try:
+            await self.books.checkpoint(prepared.id, used, account_id=prepared.account_id)
+        except DATABASE_UNAVAILABLE as exc:  # the hold still caps it; settling bills it all
+            logger.warning(
+                "checkpoint of %s failed, generation goes on: %s",
+                prepared.id,
+                describe_database_error(exc),
+            )
+            # the next try waits a full interval after this one gave up, so a database
+            # that times out does not stall the stream on every output
+            prepared.last_checkpoint = time.monotonic()
 
     async def close(self, prepared: PreparedChat) -> None:
         """End the request: stop its SSE stream if the server left it suspended (the client

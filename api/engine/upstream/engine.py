@@ -224,7 +224,6 @@ class UpstreamEngine(EngineClient):
             separators=(",", ":"),
         ).encode()
         response: http.Response | None = None
-        pieces: AsyncGenerator[wire.Piece] | None = None
         try:
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream else None):
@@ -240,8 +239,7 @@ class UpstreamEngine(EngineClient):
                         document = json.loads(await response.read())
                         first = wire.parse_completion(document)
                     else:
-                        pieces = _pieces(response)
-                        first = await _first_piece(pieces)
+                        first = await _first_piece(response)
             except http.ConnectFailed as exc:
                 backend.up = False
                 raise _TryNext("connect", str(exc)) from None
@@ -255,25 +253,25 @@ class UpstreamEngine(EngineClient):
             output = tally.add(first)
             if output is not None:
                 yield output
-            if pieces is None:
+            if not request.stream:
                 yield tally.finish()
                 return
             while not tally.done:
                 try:
-                    piece = await anext(pieces)
-                except StopAsyncIteration:
-                    break
+                    piece = await _next_piece(response)
                 except http.ReadTimeout:
                     backend.errors["timeout"] += 1
                     raise UpstreamFailed(
                         f"The upstream server of model '{self.model_id}' stopped sending "
                         "tokens mid-answer."
                     ) from None
-                except (http.BrokenOff, ValueError, _StreamEnded):
+                except (http.BrokenOff, ValueError):
                     backend.errors["cut"] += 1
                     raise UpstreamFailed(
                         f"The upstream server of model '{self.model_id}' broke off its answer."
                     ) from None
+                if piece is None:  # `[DONE]`, or the body's end
+                    break
                 if piece.error is not None:
                     backend.errors["cut"] += 1
                     raise UpstreamFailed(
@@ -290,8 +288,6 @@ class UpstreamEngine(EngineClient):
                 )
             yield tally.finish()
         finally:
-            if pieces is not None:
-                await pieces.aclose()
             if response is not None:
                 await response.aclose()  # unread: the connection closes, generation stops
 
@@ -361,20 +357,21 @@ class _StreamEnded(Exception):
     """The upstream closed its stream before sending anything to show."""
 
 
-async def _pieces(response: http.Response) -> AsyncGenerator[wire.Piece]:
-    """The `data:` events of a stream until `[DONE]`; the body's end is read too (briefly), so
-    the connection goes back to the pool instead of being closed."""
-    async with contextlib.aclosing(response.data()) as events:
-        async for data in events:
-            if data == b"[DONE]":
-                await response.finish(DRAIN_SECONDS)
-                return
-            yield wire.parse_chunk(data)
+async def _next_piece(response: http.Response) -> wire.Piece | None:
+    """A stream's next `data:` event; None after `[DONE]`, whose body's end is read too
+    (briefly), so the connection goes back to the pool instead of being closed."""
+    data = await response.next_data()
+    if data is None:
+        return None
+    if data == b"[DONE]":
+        await response.finish(DRAIN_SECONDS)
+        return None
+    return wire.parse_chunk(data)
 
 
-async def _first_piece(pieces: AsyncIterator[wire.Piece]) -> wire.Piece:
+async def _first_piece(response: http.Response) -> wire.Piece:
     """Read until something counts: text, a finish, usage (role-only chunks do not)."""
-    async for piece in pieces:
+    while (piece := await _next_piece(response)) is not None:
         if piece.error is not None:
             raise _StreamEnded(piece.error)
         if (
@@ -427,7 +424,7 @@ class _Tally:
                     self.request.request_id,
                     len(self.request.prompt_token_ids),
                 )
-        calls = self._calls(piece.tool_calls)
+        calls = self._calls(piece.tool_calls) if piece.tool_calls else ()
         if piece.text or piece.logprobs or calls:
             self.counted += self._count(piece, calls)
         if piece.finish_reason:

@@ -156,6 +156,11 @@ class Response:
         self._origin = origin
         self._connection: _Connection | None = connection
         self.status = connection.status
+        self._encoded = connection.content_encoding not in (b"", b"identity")
+        self._decoder: zlib._Decompress | None = None  # made by `next_data` when first needed
+        self._events: deque[bytes] = deque()  # `next_data`'s payloads, read but not yet taken
+        self._pending = b""  # the start of a line whose end has not arrived
+        self._ended = False
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -172,21 +177,32 @@ class Response:
             yield piece if decoder is None else _decompress(decoder, piece)
 
     async def data(self) -> AsyncGenerator[bytes]:
-        """The payloads of a server-sent event stream's `data:` lines, as bytes, stripped.
-        It reads the connection itself, not through `body`: one generator less a token."""
-        connection = self._connection
-        assert connection is not None, "the response was closed"
-        decoder = _decoder(connection.content_encoding)
-        pending = b""
-        while (piece := await connection.next_piece()) is not None:
-            if decoder is not None:
-                piece = _decompress(decoder, piece)
-            *lines, pending = (pending + piece).split(b"\n")
+        """The payloads of a server-sent event stream's `data:` lines, as bytes, stripped."""
+        while (payload := await self.next_data()) is not None:
+            yield payload
+
+    async def next_data(self) -> bytes | None:
+        """The next `data:` payload of a server-sent event stream, stripped; None at the body's
+        end. A coroutine, not a generator: an upstream's token is read through no generator."""
+        events = self._events
+        while not events:
+            connection = self._connection
+            if connection is None or self._ended:
+                return None
+            piece = await connection.next_piece()
+            if piece is None:
+                self._ended = True
+                piece = b"\n"  # the last line, if the body did not end with one
+            elif self._encoded:
+                if self._decoder is None:
+                    self._decoder = _decoder(connection.content_encoding)
+                assert self._decoder is not None
+                piece = _decompress(self._decoder, piece)
+            *lines, self._pending = (self._pending + piece).split(b"\n")
             for line in lines:
                 if line.startswith(b"data:"):
-                    yield line[5:].strip()
-        if pending.startswith(b"data:"):
-            yield pending[5:].strip()
+                    events.append(line[5:].strip())
+        return events.popleft()
 
     async def finish(self, within: float) -> None:
         """Read what is left of the body for up to `within` seconds, so that the connection
