@@ -1,15 +1,17 @@
 """What Tokenshop costs in front of an upstream: the same llama.cpp server streamed direct and
 through Tokenshop's API in one run, alternating, so both see the same machine.
 
-    .venv/bin/python bench/gateway.py [--tokens 256 --rounds 3 --hidden 512 --layers 8]
+    .venv/bin/python bench/gateway.py [--tokens 128 --rounds 8 --single-rounds 30]
 
 It builds a random-weight GGUF (models/make_gguf.py, the demo tokenizer), starts llama-cpp-python's
 server on it (`--interrupt_requests False`, one thread) and `tokenshop serve` with a models file
 naming it (tokenizer configured: that server's streams carry no usage), then measures, at 1 and
-8 concurrent streams: streamed tokens/s (all streams' tokens over the batch's wall time), and the
-API process's CPU per streamed token (/proc utime+stime); then time to the first token over
-`--ttft-requests` short requests each, alternating. llama-cpp-python serves one request at a
-time, so 8 streams queue there, direct and through alike. Writes
+8 concurrent streams: streamed tokens/s (all streams' tokens over the batch's wall time) in
+paired rounds, one batch a side in alternating order, each round's ratio one reading; the same
+for direct against direct (A/A), which shows how far two readings of one thing differ on this
+host; the API process's CPU per streamed token (/proc utime+stime); then time to the first
+token over `--ttft-requests` short requests each, alternating. llama-cpp-python serves one
+request at a time, so 8 streams queue there, direct and through alike. Writes
 bench/results/<date>-gateway-<host>.md.
 """
 
@@ -162,7 +164,12 @@ def wait_for(url: str, process: subprocess.Popen[bytes] | None, within: float = 
     raise RuntimeError(f"{url} did not answer")
 
 
-async def measure(args: argparse.Namespace, direct: Arm, gateway: Arm, api_pid: int) -> float:
+async def measure(
+    args: argparse.Namespace, direct: Arm, gateway: Arm, noise: tuple[Arm, Arm], api_pid: int
+) -> float:
+    """Paired rounds: each round runs one batch a side, in alternating order, and its ratio is
+    one reading, so a drift of the host's speed between rounds cancels out. A/A rounds (direct
+    against direct) give the noise floor of those readings."""
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "Hello there, how are the tokens today?"}],
@@ -172,15 +179,19 @@ async def measure(args: argparse.Namespace, direct: Arm, gateway: Arm, api_pid: 
     }
     for arm in (direct, gateway):  # warm both paths
         await batch(arm, 1, body)
-        arm.rates.clear(), arm.ttft.clear()
+        arm.rates.clear()
         arm.tokens = 0
     api_cpu = 0.0
-    for _ in range(args.rounds):
-        for streams in (1, 8):
-            await batch(direct, streams, body)
-            before = cpu_seconds(api_pid)
-            await batch(gateway, streams, body)
-            api_cpu += cpu_seconds(api_pid) - before
+    for streams, rounds in ((1, args.single_rounds), (8, args.rounds)):
+        for round_ in range(rounds):
+            for arm in (direct, gateway) if round_ % 2 == 0 else (gateway, direct):
+                before = cpu_seconds(api_pid)
+                await batch(arm, streams, body)
+                if arm is gateway:
+                    api_cpu += cpu_seconds(api_pid) - before
+    for round_ in range(args.single_rounds):
+        for arm in noise if round_ % 2 == 0 else noise[::-1]:
+            await batch(arm, 1, body)
     short = body | {"max_tokens": 4}  # time to first token: more requests, each short
     for _ in range(args.ttft_requests):
         for arm in (direct, gateway):
@@ -189,7 +200,17 @@ async def measure(args: argparse.Namespace, direct: Arm, gateway: Arm, api_pid: 
     return api_cpu
 
 
-def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) -> str:
+def paired(direct: Arm, other: Arm, streams: int) -> str:
+    """The median of the rounds' ratios, with their middle half (25th to 75th percentile)."""
+    pairs = zip(direct.rates[streams], other.rates[streams], strict=True)
+    ratios = sorted(o / d for d, o in pairs)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return f"{statistics.median(ratios):.3f} ({q1:.3f}-{q3:.3f})"
+
+
+def report(
+    args: argparse.Namespace, direct: Arm, gateway: Arm, noise: tuple[Arm, Arm], api_cpu: float
+) -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
@@ -206,7 +227,15 @@ def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) 
     rows = []
     for streams in (1, 8):
         d, g = statistics.median(direct.rates[streams]), statistics.median(gateway.rates[streams])
-        rows.append(f"| {streams} | {d:.1f} | {g:.1f} | {g / d:.3f} |")
+        rounds = len(direct.rates[streams])
+        rows.append(
+            f"| {streams} | {rounds} | {d:.1f} | {g:.1f} | {paired(direct, gateway, streams)} |"
+        )
+    a, b = (statistics.median(arm.rates[1]) for arm in noise)
+    rows.append(
+        f"| 1, direct against direct (A/A) | {len(noise[0].rates[1])} | {a:.1f} | {b:.1f} | "
+        f"{paired(*noise, 1)} |"
+    )
     d50, g50 = statistics.median(direct.ttft), statistics.median(gateway.ttft)
     per_token = api_cpu / gateway.tokens * 1e6
     return "\n".join(
@@ -214,16 +243,19 @@ def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) 
             f"# Gateway overhead: llama.cpp direct against through Tokenshop ({dt.date.today()})",
             "",
             f"Commit {commit}; `bench/gateway.py --tokens {args.tokens} --rounds {args.rounds} "
+            f"--single-rounds {args.single_rounds} "
             f"--hidden {args.hidden} --layers {args.layers} --ttft-requests {args.ttft_requests}`; "
             f"{cpu}, {os.cpu_count()} CPUs, load average at the start {start[0]:.1f}/"
             f"{start[1]:.1f}/{start[2]:.1f}, at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
             "(the host is shared).",
             "Upstream: llama-cpp-python's server, one thread, a random-weight GGUF of the demo "
             "tokenizer; Tokenshop: `tokenshop serve`, one worker, SQLite, the models file naming "
-            "that server with `tokenizer = models/demo`. Medians of the rounds; batches alternate.",
+            "that server with `tokenizer = models/demo`. Each round runs a batch direct and one "
+            "through, in alternating order; tok/s are medians of the rounds.",
             "",
-            "| streams | direct tok/s | through Tokenshop tok/s | ratio |",
-            "|---|---|---|---|",
+            "| streams | rounds | direct tok/s | through Tokenshop tok/s | ratio: median of the "
+            "rounds' (middle half) |",
+            "|---|---|---|---|---|",
             *rows,
             "",
             f"Time to first token, 1 stream, p50: direct {d50 * 1000:.1f} ms, through "
@@ -240,7 +272,10 @@ def report(args: argparse.Namespace, direct: Arm, gateway: Arm, api_cpu: float) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=8, help="paired rounds of 8 streams")
+    parser.add_argument(
+        "--single-rounds", type=int, default=30, help="paired rounds of 1 stream, and of A/A"
+    )
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--ttft-requests", type=int, default=20)
@@ -298,13 +333,14 @@ def main() -> None:
             wait_for(f"http://127.0.0.1:{api_port}/ready", api)
             direct = Arm("direct", upstream_port, None)
             gateway = Arm("through Tokenshop", api_port, key)
-            api_cpu = asyncio.run(measure(args, direct, gateway, api.pid))
+            noise = (Arm("direct", upstream_port, None), Arm("direct again", upstream_port, None))
+            api_cpu = asyncio.run(measure(args, direct, gateway, noise, api.pid))
         finally:
             for process in (api, llama):
                 if process is not None:
                     process.terminate()
                     process.wait(timeout=30)
-    text = report(args, direct, gateway, api_cpu)
+    text = report(args, direct, gateway, noise, api_cpu)
     print(text)
     host = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-")[:24]
     out = args.out or ROOT / "bench" / "results" / f"{dt.date.today()}-gateway-{host}.md"
