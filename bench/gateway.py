@@ -1,7 +1,7 @@
 """What Tokenshop costs in front of an upstream: the same llama.cpp server streamed direct and
 through Tokenshop's API in one run, alternating, so both see the same machine.
 
-    .venv/bin/python bench/gateway.py [--tokens 128 --rounds 8 --single-rounds 30]
+    .venv/bin/python bench/gateway.py [--tokens 128 --rounds 12 --single-rounds 30]
 
 It builds a random-weight GGUF (models/make_gguf.py, the demo tokenizer), starts llama-cpp-python's
 server on it (`--interrupt_requests False`, one thread) and `tokenshop serve` with a models file
@@ -272,7 +272,7 @@ def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=8, help="paired rounds of 8 streams")
+    parser.add_argument("--rounds", type=int, default=12, help="paired rounds of 8 streams")
     parser.add_argument(
         "--single-rounds", type=int, default=30, help="paired rounds of 1 stream, and of A/A"
     )
