@@ -42,7 +42,7 @@ from api.protocol_responses import (
     ResponseStatus,
     ResponseUsage,
 )
-from api.serving.chat import ChatService, PreparedChat
+from api.serving.chat import KEEPALIVE_EVENT, ChatService, PreparedChat
 from api.serving.response_items import (
     ResponseEvents,
     input_items,
@@ -151,7 +151,7 @@ class ResponsesService:
             item, finish = first, "length"
             while True:
                 if item is KEEPALIVE:
-                    yield ": keep-alive\n\n"
+                    yield KEEPALIVE_EVENT
                 else:
                     output: GenerationOutput = item[1]
                     calls = delta_calls(output.tool_calls)
