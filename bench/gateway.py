@@ -1,7 +1,7 @@
 """What Tokenshop costs in front of an upstream: the same llama.cpp server streamed direct and
 through Tokenshop's API in one run, alternating, so both see the same machine.
 
-    .venv/bin/python bench/gateway.py [--tokens 128 --rounds 12 --single-rounds 30]
+    .venv/bin/python bench/gateway.py [--tokens 256 --rounds 12 --single-rounds 30]
 
 It builds a random-weight GGUF (models/make_gguf.py, the demo tokenizer), starts llama-cpp-python's
 server on it (`--interrupt_requests False`, one thread) and `tokenshop serve` with a models file
@@ -204,6 +204,8 @@ def paired(direct: Arm, other: Arm, streams: int) -> str:
     """The median of the rounds' ratios, with their middle half (25th to 75th percentile)."""
     pairs = zip(direct.rates[streams], other.rates[streams], strict=True)
     ratios = sorted(o / d for d, o in pairs)
+    if len(ratios) < 2:  # one round: no spread to give
+        return f"{ratios[0]:.3f}"
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     return f"{statistics.median(ratios):.3f} ({q1:.3f}-{q3:.3f})"
 

@@ -383,7 +383,7 @@ class ChatService:
         checkpoint_seconds = self.settings.checkpoint_seconds
         merged = merge_outputs(
             streams,
-            keepalive=min(keepalive or math.inf, self.settings.checkpoint_seconds),
+            keepalive=min(keepalive or math.inf, checkpoint_seconds),
             deadline=deadline,
             on_output=lambda index, output: self._count(prepared, index, output),
         )
