@@ -345,9 +345,20 @@ def main() -> None:
     text = report(args, direct, gateway, noise, api_cpu)
     print(text)
     host = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-")[:24]
-    out = args.out or ROOT / "bench" / "results" / f"{dt.date.today()}-gateway-{host}.md"
+    name = f"{dt.date.today()}-gateway-{host}.md"
+    out = args.out or unused_path(ROOT / "bench" / "results" / name)
     out.write_text(text)
     print(f"wrote {out}")
+
+
+def unused_path(path: Path) -> Path:
+    """`path`, or `path` with -2, -3, ... before its suffix where a run of the day already wrote
+    it: a dated result of another run is never overwritten."""
+    candidate, number = path, 1
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+    return candidate
 
 
 if __name__ == "__main__":
