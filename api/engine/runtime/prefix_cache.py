@@ -14,6 +14,8 @@ Figures: bench/results/2026-11-26-kernel-notes.md.
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ import numpy as np
 # Shorter matches are not worth a lookup's copy: a chat template's fixed head is about that long.
 # Also the block size of the index, so every stored entry has at least one whole block.
 MIN_PREFIX = 16
+# Entries this large get a mapping of their own (`_stacked`): at most one per 256 KB of budget.
+MAPPED_ENTRY_BYTES = 256 << 10
 # Entries sharing a prompt's whole blocks compared token by token for the last, partial block.
 _CANDIDATES = 8
 
@@ -92,7 +96,7 @@ class PrefixCache:
         while self._entries and self.nbytes + size > self.max_bytes:
             self._remove(next(iter(self._entries)))
         key, self._next_id = self._next_id, self._next_id + 1
-        self._entries[key] = _Entry(scope, ids, np.stack(kv), blocks)
+        self._entries[key] = _Entry(scope, ids, _stacked(kv), blocks)
         for block in blocks:
             self._sharing.setdefault((scope, block), {})[key] = None
         self._ending.setdefault((scope, blocks[-1]), {})[key] = None
@@ -125,6 +129,30 @@ def _discard(index: dict[tuple[str, int], dict[int, None]], at: tuple[str, int],
     del keys[key]
     if not keys:
         del index[at]
+
+
+def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """`np.stack(arrays)`, from an anonymous mapping of its own where it is large: unmapped
+    when the entry goes, its pages leave the process.
+
+    From malloc they stayed: glibc serves a block below its mmap threshold from the heap and
+    raises that threshold to the largest block freed (up to 32 MB), so after the first eviction
+    entries landed among short-lived arrays and their pages could not be given back. Serving a
+    Qwen2.5-0.5B int4 export, the 256 MB budget cost 331-362 MB of RSS that way, 216-275 MB
+    mapped (bench/results/2026-11-27-server-rss-vm.md). Small entries stay on the heap, so a
+    large budget of small entries cannot run into the kernel's limit on mappings."""
+    shape = (len(arrays), *arrays[0].shape)
+    dtype = arrays[0].dtype
+    count = math.prod(shape)
+    if count * dtype.itemsize < MAPPED_ENTRY_BYTES:
+        return np.stack(arrays)
+    try:
+        buffer = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE)
+    except OSError:  # out of mappings: the heap still works
+        return np.stack(arrays)
+    out = np.frombuffer(buffer, dtype, count=count).reshape(shape)
+    np.stack(arrays, out=out)
+    return out
 
 
 def _block_hashes(ids: np.ndarray) -> list[int]:

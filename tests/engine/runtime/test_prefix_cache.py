@@ -124,6 +124,29 @@ def test_the_store_forgets_the_least_recently_used_conversation_first() -> None:
     assert cache.nbytes == 64 * 80
 
 
+def resident_mb() -> float:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_an_evicted_conversation_gives_its_memory_back_to_the_system() -> None:
+    """The budget is what the server pays: evicted entries leave the process, not the cache
+    only. (From malloc they stayed: a block freed from its own mapping raises glibc's mmap
+    threshold, and entries below it sat in the heap between other arrays.)"""
+    np.ones(8 << 20, np.uint8)  # such a block, freed: the threshold is past these entries now
+    cache = PrefixCache(max_bytes=32 << 20)
+    others = []
+    for n in range(12):  # 12 conversations of 1 MB each, the engine's other arrays between them
+        cache.store("s", [n] * 256, [np.ones((4, 256, 256), np.float16) for _ in range(2)])
+        others.append(np.ones(64 << 10, np.uint8))
+    held = resident_mb()
+
+    cache.max_bytes = 1 << 20  # the next store makes room: all 12 go
+    cache.store("s", [99] * 16, [np.ones((4, 16, 256), np.float16) for _ in range(2)])
+
+    assert len(cache) == 1
+    assert held - resident_mb() >= 9  # of the 12 MB they held
+
+
 def test_a_longer_turn_replaces_the_entry_it_extends_and_a_match_leaves_a_token_to_prefill() -> (
     None
 ):

@@ -1,0 +1,136 @@
+"""What the API server holds in memory after serving: the same streamed workload against
+`tokenshop serve` with the prefix cache at its default budget and with none, one after the
+other, so the cache's own cost is the difference.
+
+    .venv/bin/python bench/server_rss.py [--model bench/out/compare/int4] [--rounds 3]
+
+Each round: bursts of 1, 4, 8 and 16 streams of 64 greedy tokens on short unique prompts, three
+~500-token prompts alone, then one joining 8 running streams (compare.py's workload, lighter).
+Two keys, so two cache scopes. Prints VmRSS and VmHWM after each round; writes
+bench/results/<date>-server-rss-<host>.md (never over an earlier run's file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.gateway import free_port, unused_path, wait_for  # noqa: E402
+from bench.load import fund_keys  # noqa: E402
+
+
+def memory_mb(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) in MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss, hwm = (int(status.split(f"{k}:")[1].split()[0]) // 1024 for k in ("VmRSS", "VmHWM"))
+    return rss, hwm
+
+
+async def workload(port: int, keys: list[str], rounds: int, pid: int) -> list[tuple[int, int]]:
+    sent = 0
+
+    async def stream(client: httpx.AsyncClient, words: int, tokens: int) -> None:
+        nonlocal sent
+        sent += 1
+        body = {
+            "model": "model",
+            "messages": [{"role": "user", "content": f"{sent} " + " ".join(["word"] * words)}],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+        headers = {"Authorization": f"Bearer {keys[sent % len(keys)]}"}
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            response.raise_for_status()
+            async for _ in response.aiter_bytes():
+                pass
+
+    readings = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        for _ in range(rounds):
+            for streams in (1, 4, 8, 16):
+                await asyncio.gather(*(stream(client, 20, 64) for _ in range(streams)))
+            for _ in range(3):
+                await stream(client, 500, 4)
+            running = [stream(client, 20, 64) for _ in range(8)]
+            await asyncio.gather(*running, stream(client, 500, 4))
+            readings.append(memory_mb(pid))
+    return readings
+
+
+def serve_and_measure(model: Path, rounds: int, cache_mb: str | None) -> list[tuple[int, int]]:
+    with tempfile.TemporaryDirectory(prefix="tokenshop-rss-") as tmp:
+        database_url = f"sqlite:///{Path(tmp) / 'rss.db'}"
+        secret = secrets.token_urlsafe(48)
+        env = os.environ | {
+            "DATABASE_URL": database_url,
+            "SECRET_KEY": secret,
+            "MODELS": f"model={model}",
+        }
+        if cache_mb is not None:
+            env["ENGINE_PREFIX_CACHE_MB"] = cache_mb
+        tokenshop = [sys.executable, "-c", "from tokenshop.cli import main; main()"]
+        subprocess.run([*tokenshop, "migrate"], env=env, cwd=ROOT, check=True, capture_output=True)
+        keys = fund_keys(database_url, secret, 2, 10**9)
+        port = free_port()
+        server = subprocess.Popen(
+            [*tokenshop, "serve", "--port", str(port)],
+            env=env,
+            cwd=tmp,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(f"http://127.0.0.1:{port}/ready", server, within=900)
+            return asyncio.run(workload(port, keys, rounds, server.pid))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "bench" / "out" / "compare" / "int4")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    lines = [
+        f"# API server memory after serving, prefix cache on and off ({dt.date.today()})",
+        "",
+        f"Commit {commit}; `bench/server_rss.py --model {args.model.name} --rounds {args.rounds}`;"
+        f" {socket.gethostname()}, {os.cpu_count()} CPUs. MB after each round (RSS / peak).",
+        "",
+        "| prefix cache | " + " | ".join(f"round {n + 1}" for n in range(args.rounds)) + " |",
+        "|---|" + "---:|" * args.rounds,
+    ]
+    for label, cache_mb in (("default (256 MB)", None), ("none (0)", "0")):
+        readings = serve_and_measure(args.model, args.rounds, cache_mb)
+        cells = " | ".join(f"{rss} / {hwm}" for rss, hwm in readings)
+        lines.append(f"| {label} | {cells} |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    host = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-")[:24]
+    out = unused_path(ROOT / "bench" / "results" / f"{dt.date.today()}-server-rss-{host}.md")
+    out.write_text(text)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
