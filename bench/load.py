@@ -247,8 +247,16 @@ def fund_keys(database_url: str, secret_key: str, count: int, tokens: int) -> li
 
 
 @contextmanager
-def local_server(keys_wanted: int, tokens: int) -> Iterator[ServerProcess]:
-    """`tokenshop serve` on a free port, a fresh SQLite database, the demo model."""
+def local_server(
+    keys_wanted: int,
+    tokens: int,
+    *,
+    models: str = f"demo={ROOT / 'models' / 'demo'}",
+    settings: dict[str, str] | None = None,
+    ready_within: float = 120,
+) -> Iterator[ServerProcess]:
+    """`tokenshop serve` on a free port, a fresh SQLite database, `models` (`MODELS`'s form;
+    default the demo model) and any other `settings` as environment variables."""
     tokenshop = Path(sys.executable).with_name("tokenshop")
     with tempfile.TemporaryDirectory(prefix="tokenshop-load-") as tmp:
         database_url = f"sqlite:///{Path(tmp) / 'load.db'}"
@@ -256,7 +264,8 @@ def local_server(keys_wanted: int, tokens: int) -> Iterator[ServerProcess]:
         env = os.environ | {
             "DATABASE_URL": database_url,
             "SECRET_KEY": secret_key,
-            "MODELS": f"demo={ROOT / 'models' / 'demo'}",
+            "MODELS": models,
+            **(settings or {}),
         }
         subprocess.run(
             [str(tokenshop), "migrate"], env=env, cwd=ROOT, check=True, capture_output=True
@@ -274,7 +283,7 @@ def local_server(keys_wanted: int, tokens: int) -> Iterator[ServerProcess]:
             )
         server = ServerProcess(f"http://127.0.0.1:{port}/v1", keys, process, log)
         try:
-            _wait_ready(server)
+            _wait_ready(server, within=ready_within)
             yield server
         finally:
             process.terminate()

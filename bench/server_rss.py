@@ -17,11 +17,9 @@ import asyncio
 import datetime as dt
 import os
 import re
-import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import httpx
@@ -29,8 +27,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import free_port, unused_path, wait_for  # noqa: E402
-from bench.load import fund_keys  # noqa: E402
+from bench.gateway import unused_path  # noqa: E402
+from bench.load import local_server  # noqa: E402
 
 
 def memory_mb(pid: int) -> tuple[int, int]:
@@ -74,33 +72,12 @@ async def workload(port: int, keys: list[str], rounds: int, pid: int) -> list[tu
 
 
 def serve_and_measure(model: Path, rounds: int, cache_mb: str | None) -> list[tuple[int, int]]:
-    with tempfile.TemporaryDirectory(prefix="tokenshop-rss-") as tmp:
-        database_url = f"sqlite:///{Path(tmp) / 'rss.db'}"
-        secret = secrets.token_urlsafe(48)
-        env = os.environ | {
-            "DATABASE_URL": database_url,
-            "SECRET_KEY": secret,
-            "MODELS": f"model={model}",
-        }
-        if cache_mb is not None:
-            env["ENGINE_PREFIX_CACHE_MB"] = cache_mb
-        tokenshop = [sys.executable, "-c", "from tokenshop.cli import main; main()"]
-        subprocess.run([*tokenshop, "migrate"], env=env, cwd=ROOT, check=True, capture_output=True)
-        keys = fund_keys(database_url, secret, 2, 10**9)
-        port = free_port()
-        server = subprocess.Popen(
-            [*tokenshop, "serve", "--port", str(port)],
-            env=env,
-            cwd=tmp,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for(f"http://127.0.0.1:{port}/ready", server, within=900)
-            return asyncio.run(workload(port, keys, rounds, server.pid))
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+    settings = {} if cache_mb is None else {"ENGINE_PREFIX_CACHE_MB": cache_mb}
+    with local_server(
+        2, 10**9, models=f"model={model}", settings=settings, ready_within=900
+    ) as server:
+        port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
+        return asyncio.run(workload(port, server.keys, rounds, server.process.pid))
 
 
 def main() -> None:
