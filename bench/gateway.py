@@ -344,16 +344,16 @@ def main() -> None:
                     process.wait(timeout=30)
     text = report(args, direct, gateway, noise, api_cpu)
     print(text)
-    host = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-")[:24]
-    name = f"{dt.date.today()}-gateway-{host}.md"
-    out = args.out or unused_path(ROOT / "bench" / "results" / name)
+    out = args.out or results_path("gateway")
     out.write_text(text)
     print(f"wrote {out}")
 
 
-def unused_path(path: Path) -> Path:
-    """`path`, or `path` with -2, -3, ... before its suffix where a run of the day already wrote
-    it: a dated result of another run is never overwritten."""
+def results_path(kind: str) -> Path:
+    """bench/results/<date>-<kind>-<host>.md, with -2, -3, ... before `.md` where a run of the
+    day already wrote it: a dated result of another run is never overwritten."""
+    host = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-")[:24]
+    path = ROOT / "bench" / "results" / f"{dt.date.today()}-{kind}-{host}.md"
     candidate, number = path, 1
     while candidate.exists():
         number += 1

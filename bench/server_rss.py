@@ -16,9 +16,7 @@ import argparse
 import asyncio
 import datetime as dt
 import os
-import re
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +25,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import unused_path  # noqa: E402
+from bench.compare import head_commit  # noqa: E402
+from bench.gateway import results_path  # noqa: E402
 from bench.load import local_server  # noqa: E402
 
 
@@ -85,9 +84,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=ROOT / "bench" / "out" / "compare" / "int4")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = head_commit()[:7]
     lines = [
         f"# API server memory after serving, prefix cache on and off ({dt.date.today()})",
         "",
@@ -103,8 +100,7 @@ def main() -> None:
         lines.append(f"| {label} | {cells} |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    host = re.sub(r"[^a-z0-9]+", "-", socket.gethostname().lower()).strip("-")[:24]
-    out = unused_path(ROOT / "bench" / "results" / f"{dt.date.today()}-server-rss-{host}.md")
+    out = results_path("server-rss")
     out.write_text(text)
     print(f"wrote {out}")
 
