@@ -14,10 +14,16 @@ without drafts gives, greedy or seeded; for a point-mass draft this is the accep
 speculative sampling (a draft is kept with probability p(draft)).
 
 On only where it pays: each sequence keeps an estimate of the share of its drafts accepted,
-and the step's cost by the tokens it computes is fitted online from the steps timed, so a step
-is widened to the width that maximises expected tokens per second, or not at all: a sequence
-that does not repeat its context stops drafting after a few rejections (and tries again now and
-then), and a full batch, where an extra position costs nearly a token's compute, seldom drafts.
+and the step's cost by the tokens it computes is fitted online from the steps timed, one fit
+per number of rows, so a step is widened to the width that maximises expected tokens per
+second, or not at all: a sequence that does not repeat its context stops drafting after a few
+rejections (and tries again now and then), and a full batch, where an extra position costs
+nearly a token's compute, seldom drafts. The fits are per row count because a step's cost is
+not one line across them: a lone row reading the weights computes its drafts almost for free,
+16 rows pay for each (AMX Xeon, 0.5B int4: one row 12.4 ms plain, 14.8 with 4 drafts; 16 rows
+21.7 and 66.1; bench/verify_steps.py). One fit over all of them, fed by a busy spell, priced a
+lone stream's draft at about 18% of its step where it costs 5%: one accepting under half its
+drafts stopped drafting, where about a sixth already pays.
 `ENGINE_SPECULATIVE_TOKENS=0` turns it off. Figures: bench/results/ (`bench/speculative.py`).
 """
 
@@ -176,7 +182,7 @@ class Speculator:
 
     def __init__(self, max_drafts: int) -> None:
         self.max_drafts = max_drafts
-        self.costs = StepCosts()
+        self.costs: dict[int, StepCosts] = {}  # by the rows of the step
         self.proposed = 0  # drafts verified, over every sequence
         self.accepted = 0
 
@@ -189,10 +195,11 @@ class Speculator:
 
     def _relative_cost(self, rows: int, drafts: int) -> float:
         """A step of `rows` rows each verifying `drafts` drafts, over a plain decode step."""
-        plain = self.costs.seconds(rows)
-        if plain is None:
+        costs = self.costs.get(rows)
+        plain = costs.seconds(rows) if costs is not None else None
+        if costs is None or plain is None:
             return 1.0 + PRIOR_TOKEN_SHARE * drafts
-        widened = self.costs.seconds(rows * (drafts + 1))
+        widened = costs.seconds(rows * (drafts + 1))
         assert widened is not None
         return widened / plain
 
@@ -216,7 +223,7 @@ class Speculator:
         """One step's outcome: each row's drafts and how many of them it kept, and the step's
         time (which the cost fit takes by the tokens it computed)."""
         width = max((len(d) for d in drafts), default=0) + 1
-        self.costs.record(len(rows) * width, seconds)
+        self.costs.setdefault(len(rows), StepCosts()).record(len(rows) * width, seconds)
         for drafting, draft, count in zip(rows, drafts, kept, strict=True):
             drafting.update(len(draft), count)
             self.proposed += len(draft)

@@ -84,6 +84,21 @@ def test_a_full_batch_whose_extra_positions_cost_a_token_each_does_not_draft() -
     assert speculator.drafts([(r, 10) for r in rows]) == [[]] * 8
 
 
+def test_a_lone_stream_drafts_again_after_a_busy_spell_found_drafts_dear() -> None:
+    speculator = Speculator(max_drafts=4)
+    busy = [Drafting(PromptLookup([3, 4, 5, 3, 4], [5]), acceptance=0.5) for _ in range(8)]
+    for width in (1, 2, 3):  # eight rows: each position costs a token's compute
+        for _ in range(50):
+            speculator.record(busy, [[7] * (width - 1)] * 8, [0] * 8, 0.001 * 8 * width)
+    lone = Drafting(PromptLookup([3, 4, 5, 3, 4], [5]))
+    assert speculator.drafts([(lone, 10)]) == [[3, 4, 5, 3]]
+    for _ in range(20):  # one row reads the weights: its drafts cost little
+        speculator.record([lone], [[3, 4, 5, 3]], [4], 0.012)
+        speculator.record([lone], [[]], [0], 0.010)
+    assert speculator.drafts([(lone, 10)]) == [[3, 4, 5, 3]]
+    assert speculator.drafts([(r, 10) for r in busy]) == [[]] * 8
+
+
 # ---- the same text with and without drafts -----------------------------------------------------
 #
 # A random tiny model seldom repeats its context, so prompt lookup would seldom draft here
