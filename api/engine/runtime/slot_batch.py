@@ -16,7 +16,6 @@ Figures: bench/results/2026-11-26-kernel-notes.md.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 
 import numpy as np
@@ -296,10 +295,15 @@ class SlotBatch:
 
 def _unwritten(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
     """A zeroed array on an anonymous mapping of its own, whose pages are allocated when first
-    written (on 2 MB pages where the kernel allows). `np.zeros` gives no such promise: a size
-    malloc serves from its heap is zeroed by writing every page."""
+    written. `np.zeros` gives no such promise: a size malloc serves from its heap is zeroed by
+    writing every page.
+
+    On the kernel's small pages, not 2 MB ones: a row's keys for one head run `capacity x
+    head_dim` long, so a 2 MB page spans whole rows of a small model's buffer (8 of them on the
+    Qwen2.5-0.5B shape at capacity 1,024) and the first token written made all of it resident.
+    Serving that shape, huge pages here held 300 MB more after the same streams (1,190 MB
+    against 878) and decoded no faster, 66-67 tok/s either way at 1,900 tokens of context
+    (bench/results/2026-11-27-kv-pages-amx-xeon.md)."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     area = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(AttributeError, OSError):  # no madvise, or no transparent huge pages
-        area.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(area, dtype, count=int(np.prod(shape))).reshape(shape)

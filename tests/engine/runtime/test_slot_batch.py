@@ -56,3 +56,23 @@ def test_a_long_prompt_grows_the_buffer_without_touching_rows_nobody_holds(tiny_
             if row != held[0]:
                 got, pages = resident_pages(buffer, row)
                 assert got == 0, f"row {row}: {got} of {pages} pages resident"
+
+
+def test_a_short_conversation_holds_pages_for_its_tokens_not_its_rows_capacity(
+    tiny_exports,
+) -> None:
+    """64 rows at twice the initial capacity make each layer's buffer a few MB, room for 2 MB
+    pages; a short sequence beside a long one must hold only the small pages its tokens are on,
+    not the pages of the rows around it."""
+    export = tiny_exports["llama"]
+    engine = make_engine(export.path, max_prefill_tokens=64, max_active_sequences=64)
+    long = greedy("long", random_prompt(export, INITIAL_CAPACITY + 40, 9), 2)
+    run_steps(engine, {0: [greedy("short", random_prompt(export, 20, 1), 24)], 1: [long]})
+    batch = engine.scheduler._batch
+    assert batch._buffers[0].nbytes >= 4 << 20  # the long prompt made it grow
+    [row] = [r for r, length in enumerate(batch._lengths) if 20 < length < 60]
+    heads, _, head_dim = batch._buffers[0].shape[1:]
+    per_head = -(-int(batch._lengths[row]) * head_dim * batch._buffers[0].itemsize // mmap.PAGESIZE)
+    for buffer in batch._buffers:
+        got, pages = resident_pages(buffer, row)
+        assert 0 < got <= heads * (per_head + 1) < pages, f"{got} of {pages} pages resident"
