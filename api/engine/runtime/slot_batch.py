@@ -301,9 +301,9 @@ def _unwritten(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray
     On the kernel's small pages, not 2 MB ones: a row's keys for one head run `capacity x
     head_dim` long, so a 2 MB page spans whole rows of a small model's buffer (8 of them on the
     Qwen2.5-0.5B shape at capacity 1,024) and the first token written made all of it resident.
-    Serving that shape, huge pages here held 300 MB more after the same streams (1,190 MB
-    against 878) and decoded no faster, 66-67 tok/s either way at 1,900 tokens of context
-    (bench/results/2026-11-27-kv-pages-amx-xeon.md)."""
+    Serving that shape, the server held 275 MB more with huge pages here after the same
+    streams (1,187 MB against 907-912) and decoded no faster, 66-67 tok/s either way at 1,900
+    tokens of context (bench/results/2026-11-27-kv-pages-amx-xeon.md)."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     area = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(area, dtype, count=int(np.prod(shape))).reshape(shape)
