@@ -20,10 +20,10 @@ second, or not at all: a sequence that does not repeat its context stops draftin
 rejections (and tries again now and then), and a full batch, where an extra position costs
 nearly a token's compute, seldom drafts. The fits are per row count because a step's cost is
 not one line across them: a lone row reading the weights computes its drafts almost for free,
-16 rows pay for each (AMX Xeon, 0.5B int4: one row 12.4 ms plain, 14.8 with 4 drafts; 16 rows
-21.7 and 66.1; bench/verify_steps.py). One fit over all of them, fed by a busy spell, priced a
-lone stream's draft at about 18% of its step where it costs 5%: one accepting under half its
-drafts stopped drafting, where about a sixth already pays.
+16 rows pay for each (AMX Xeon, 0.5B int4: one row 12.6 ms plain, 14.7 with 4 drafts; 16 rows
+21.2 and 67.3; bench/results/2026-11-27-verify-steps-amx-xeon-609ff59.md). One fit over all
+of them took its slope from the rows that ran last: after a busy spell of 16 rows drafting
+one each (21.2 and 39.7 ms), it priced a lone stream's draft at 30% of its step, not 4%.
 `ENGINE_SPECULATIVE_TOKENS=0` turns it off. Figures: bench/results/ (`bench/speculative.py`).
 """
 
