@@ -137,7 +137,7 @@ BUSY_PAIRS = 3
 VERSIONS: dict[str, str] = {}  # the peers' own versions, as their workers report them
 LLAMACPP_SYSTEM: list[str] = []  # llama.cpp's system info: the instruction sets it was built for
 SERVING: dict[str, dict[str, Any]] = {}  # /ready's serving path of each HTTP model
-KEYS = 3  # the API allows 8 concurrent requests per key; 16 streams + a probe need 3
+KEYS = 3  # a round's: the API allows 8 concurrent requests per key; 16 streams + a probe need 3
 NONCE = "{:06d}"  # a request number, digit by digit: a fixed count of tokens
 FILLER = (  # words for the HTTP prompts, fitted to a token count by `fit_text`
     "the quick brown fox jumps over a lazy dog while seven tired cats watch from the old red "
@@ -580,23 +580,34 @@ def off_the_fast_path(serving: dict[str, Any]) -> str | None:
 
 @dataclass
 class HttpClient:
-    """Streams chat completions at one server with several keys (8 concurrent per key)."""
+    """Streams chat completions at one server, `KEYS` keys a round (8 concurrent per key):
+    `keys[r * KEYS : (r + 1) * KEYS]` for round r, round 0 being the warm-up."""
 
     server: Server
     keys: list[str]
     short_text: str
     long_text: str
     _next: int = 0
+    _round: int = 0
+
+    def begin_round(self, index: int) -> None:
+        """Round `index` (from 0) numbers its requests from the start again, under keys of its
+        own: every round sends the same prompts in the same order, so each round's greedy
+        texts, and the drafts prompt lookup finds in them, are the same, and none starts from
+        another round's cached prefix (the cache is kept per account). Numbered across rounds,
+        one stream read 128.9, 108.0 and 77.9 tok/s in the three rounds of one run
+        (bench/results/2026-11-27-compare-int4-amx-xeon-584c54a.md)."""
+        self._round, self._next = index + 1, 0
 
     def _key(self) -> str:
         self._next += 1
-        return self.keys[self._next % len(self.keys)]
+        return self.keys[self._round * KEYS + self._next % KEYS]
 
     def _unique(self, text: str) -> str:
-        """`text` behind a request number, least significant digit first: no two requests share
-        more than the template's first tokens, so none starts from another's cached prefix (the
-        server keeps each account's prompts and finished conversations) and every prompt is
-        prefilled."""
+        """`text` behind the request's number in its round, least significant digit first: no
+        two requests of a round share more than the template's first tokens, so none starts
+        from another's cached prefix (the server keeps each account's prompts and finished
+        conversations) and every prompt is prefilled."""
         return f"{NONCE.format(self._next)[::-1]} {text}"
 
     async def stream(
@@ -696,6 +707,7 @@ class Peer:
     variant: str = ""  # llama.cpp's quantization, where one precision has several
     settings: str = ""  # how it ran, printed with the table
     results: dict[str, list[float]] = field(default_factory=dict)
+    begin_round: Callable[[int], None] | None = None  # told each round's index before it runs
 
     @property
     def label(self) -> str:
@@ -783,7 +795,7 @@ def make_peers(
                 env=env,
                 capture_output=True,
             ).stdout.split()[-1]
-            for _ in range(KEYS)
+            for _ in range(KEYS * (args.rounds + 1))  # a round's own, and the warm-up's
         ]
         first_export = next(iter(exports.values()))
         short_text, short_len = fit_text(first_export, plan.prompt)
@@ -813,7 +825,9 @@ def make_peers(
                 f"ops {serving.get('ops')} ({serving.get('isa')})"
             )
             pid = server.proc.pid  # the shell `exec`s the web line: this is uvicorn
-            peers.append(Peer("http", server.model, _http_measure(client), pid, 0, "", settings))
+            peer = Peer("http", server.model, _http_measure(client), pid, 0, "", settings)
+            peer.begin_round = client.begin_round
+            peers.append(peer)
         if lost and not args.allow_fallback:
             raise RuntimeError("the plain install is off the optimized path: " + " | ".join(lost))
     for precision, path in exports.items():
@@ -955,6 +969,9 @@ def measure_rounds(peers: list[Peer], rounds: int, budget_s: float, bandwidths: 
         if r and elapsed + elapsed / r > budget_s:
             say(f"stopping after {r} rounds: another would pass the {budget_s:.0f} s budget")
             return r
+        for peer in peers:
+            if peer.begin_round is not None:
+                peer.begin_round(r)
         for kind, value in kinds:
             repeats = PLAN.busy_pairs if (kind, value) == ("streams", BUSY_STREAMS) else 1
             for peer in (p for k in range(repeats) for p in rotated(peers, r + k)):
