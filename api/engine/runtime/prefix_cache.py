@@ -15,13 +15,14 @@ Figures: bench/results/2026-11-26-kernel-notes.md.
 from __future__ import annotations
 
 import math
-import mmap
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 import numpy as np
+
+from api.engine.runtime.mapped import unwritten
 
 # Shorter matches are not worth a lookup's copy: a chat template's fixed head is about that long.
 # Also the block size of the index, so every stored entry has at least one whole block.
@@ -142,15 +143,12 @@ def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
     mapped (bench/results/2026-11-27-server-rss-vm.md). Small entries stay on the heap, so a
     large budget of small entries cannot run into the kernel's limit on mappings."""
     shape = (len(arrays), *arrays[0].shape)
-    dtype = arrays[0].dtype
-    count = math.prod(shape)
-    if count * dtype.itemsize < MAPPED_ENTRY_BYTES:
+    if math.prod(shape) * arrays[0].itemsize < MAPPED_ENTRY_BYTES:
         return np.stack(arrays)
     try:
-        buffer = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE)
+        out = unwritten(shape, arrays[0].dtype)
     except OSError:  # out of mappings: the heap still works
         return np.stack(arrays)
-    out = np.frombuffer(buffer, dtype, count=count).reshape(shape)
     np.stack(arrays, out=out)
     return out
 

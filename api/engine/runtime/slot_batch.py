@@ -16,13 +16,12 @@ Figures: bench/results/2026-11-26-kernel-notes.md.
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 import onnxruntime as ort
 
 from api.engine.model.causal_lm import OnnxCausalLM
 from api.engine.model.spec import LOGITS_POSITIONS, SEQLENS, TOTAL
+from api.engine.runtime.mapped import unwritten
 from api.engine.runtime.prefill import Grouping, Prefill, PrefillCall
 from api.engine.runtime.prefix_cache import PrefixHit
 from api.engine.runtime.sequence import Sequence
@@ -39,7 +38,7 @@ class SlotBatch:
         self.model = model
         self.capacity = min(INITIAL_CAPACITY, model.context_length)
         self._shape = (slots, spec.kv_heads, self.capacity, spec.head_dim)
-        self._buffers = [_unwritten(self._shape, spec.kv_dtype) for _ in spec.past_names]
+        self._buffers = [unwritten(self._shape, spec.kv_dtype) for _ in spec.past_names]
         self._rows: list[Sequence | None] = [None] * slots
         self._lengths = np.zeros(slots, np.int64)  # tokens in the cache, per row
         self.seqs: list[Sequence] = []  # decoding, rows [0, len(seqs))
@@ -222,7 +221,7 @@ class SlotBatch:
         held = [r for r, seq in enumerate(self._rows) if seq is not None]
         rows = [(r, int(self._lengths[r])) for r in held if self._lengths[r]]
         for i, old in enumerate(self._buffers):
-            new = _unwritten(shape, old.dtype)
+            new = unwritten(shape, old.dtype)
             for row, filled in rows:
                 new[row, :, :filled] = old[row, :, :filled]
             self._buffers[i] = new
@@ -291,19 +290,3 @@ class SlotBatch:
             self._bindings.clear()
         self._bindings[key] = binding
         return binding
-
-
-def _unwritten(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
-    """A zeroed array on an anonymous mapping of its own, whose pages are allocated when first
-    written. `np.zeros` gives no such promise: a size malloc serves from its heap is zeroed by
-    writing every page.
-
-    On the kernel's small pages, not 2 MB ones: a row's keys for one head run `capacity x
-    head_dim` long, so a 2 MB page spans whole rows of a small model's buffer (8 of them on the
-    Qwen2.5-0.5B shape at capacity 1,024) and the first token written made all of it resident.
-    Serving that shape, the server held 275 MB more with huge pages here after the same
-    streams (1,187 MB against 907-912) and decoded no faster, 66-67 tok/s either way at 1,900
-    tokens of context (bench/results/2026-11-27-kv-pages-amx-xeon.md)."""
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    area = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return np.frombuffer(area, dtype, count=int(np.prod(shape))).reshape(shape)
