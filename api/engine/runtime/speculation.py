@@ -196,8 +196,7 @@ class Speculator:
     def _relative_cost(self, rows: int, drafts: int) -> float:
         """A step of `rows` rows each verifying `drafts` drafts, over a plain decode step."""
         costs = self.costs.get(rows)
-        plain = costs.seconds(rows) if costs is not None else None
-        if costs is None or plain is None:
+        if costs is None or (plain := costs.seconds(rows)) is None:
             return 1.0 + PRIOR_TOKEN_SHARE * drafts
         widened = costs.seconds(rows * (drafts + 1))
         assert widened is not None
