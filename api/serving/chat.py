@@ -3,7 +3,8 @@
 Money first: the hold is placed before any byte of the answer is sent, the generation is capped
 to what the hold covers, long generations checkpoint their usage, and the hold is settled with
 the real usage whatever happens (done, error, client gone), under a cancel shield so a
-disconnect cannot skip it.
+disconnect cannot skip it. An upstream request may leave while its hold is being placed
+(`_dispatch_early`); nothing it sends is read before the hold is in place.
 
 When the database is unreachable, generation is never the thing that gives: a failed checkpoint
 is logged and the stream goes on (the hold still caps it), and a failed settlement is retried in
@@ -56,7 +57,7 @@ from api.protocol import (
 )
 from api.serving import requests, tools
 from api.serving.chunks import ChunkEvents
-from api.serving.streams import KEEPALIVE, TIMEOUT, merge_outputs
+from api.serving.streams import KEEPALIVE, TIMEOUT, Started, merge_outputs
 from api.serving.tools import StreamedCalls, ToolPlan
 from api.settings import ApiSettings
 from billing.idempotency import body_hash
@@ -68,6 +69,7 @@ logger = logging.getLogger("tokenshop.api")
 SETTLE_RETRY_FIRST_SECONDS = 0.25
 SETTLE_RETRY_MAX_SECONDS = 5.0
 INLINE_TOKENIZE_CHARS = 2000  # up to ~1 ms of tokenizing on the event loop (`_encode`)
+MAX_REMEMBERED_ACCOUNTS = 100_000  # `ChatService._covered`: forgotten all at once past this
 
 
 @dataclass
@@ -115,6 +117,7 @@ class PreparedChat:
     last_checkpoint: float = field(default_factory=time.monotonic)
     events: AsyncGenerator[str] | None = None  # the SSE stream, once started
     outputs: AsyncGenerator[Any] | None = None  # the engine outputs it reads
+    started: list[Started] | None = None  # its engine streams, where sent before the hold
     arrived: Callable[[], None] = field(default=lambda: None)  # from `EngineClient.expect`
     plan: ToolPlan = field(default_factory=ToolPlan)  # tools and formats (`serving/tools.py`)
     chunks: ChunkEvents = field(init=False)
@@ -144,6 +147,7 @@ class ChatService:
         self.settings = settings
         self.prices = settings.prices()
         self._settling: set[asyncio.Task[None]] = set()
+        self._covered: set[int] = set()  # accounts whose last hold here covered all it asked
 
     async def prepare(
         self, request: ChatCompletionRequest, account_id: int, key_id: int | None = None
@@ -191,32 +195,15 @@ class ChatService:
         )
         price = self.prices.get(request.model, DEFAULT_PRICE)
         chat_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
+        max_cost = price.cost(prompt, n * max_new)
 
-        # the key's limit of requests in flight is enforced by the hold's own statement
-        hold = await self.books.hold(
-            account_id=account_id,
-            key_id=key_id,
-            request_id=chat_id,
-            min_cost=price.cost(prompt, n),
-            max_cost=price.cost(prompt, n * max_new),
-            model=request.model,
-        )
-        affordable = max_new
-        while price.cost(prompt, n * affordable) > hold.amount:
-            left = (hold.amount - prompt * price.prompt) / price.completion
-            affordable = min(affordable - 1, int(left) // n)
-        return PreparedChat(
-            id=chat_id,
-            created=int(time.time()),
-            model=request.model,
-            account_id=account_id,
-            engine=engine,
-            requests=[
+        def generation_requests(max_tokens: int) -> list[GenerationRequest]:
+            return [
                 GenerationRequest(
                     request_id=f"{chat_id}-{index}",
                     prompt_token_ids=prompt_ids,
                     params=requests.sampling_params(
-                        request, max_tokens=affordable, choice=index, plan=plan
+                        request, max_tokens=max_tokens, choice=index, plan=plan
                     ),
                     cache_scope=f"account-{account_id}",  # never another customer's prefixes
                     messages=messages,
@@ -224,12 +211,71 @@ class ChatService:
                     extra=forwarded,
                 )
                 for index in range(n)
-            ],
+            ]
+
+        wanted = generation_requests(max_new)
+        early = self._dispatch_early(engine, account_id, wanted)
+        try:
+            # the key's limit of requests in flight is enforced by the hold's own statement
+            hold = await self.books.hold(
+                account_id=account_id,
+                key_id=key_id,
+                request_id=chat_id,
+                min_cost=price.cost(prompt, n),
+                max_cost=max_cost,
+                model=request.model,
+            )
+        except BaseException:
+            self._covered.discard(account_id)
+            await _close_all(early)
+            raise
+        self._remember_cover(account_id, covered=hold.amount >= max_cost)
+        affordable = max_new
+        while price.cost(prompt, n * affordable) > hold.amount:
+            left = (hold.amount - prompt * price.prompt) / price.completion
+            affordable = min(affordable - 1, int(left) // n)
+        if affordable < max_new:  # what left early asked for more than the hold covers
+            await _close_all(early)
+            early = None
+        return PreparedChat(
+            id=chat_id,
+            created=int(time.time()),
+            model=request.model,
+            account_id=account_id,
+            engine=engine,
+            requests=wanted if affordable == max_new else generation_requests(affordable),
+            started=early,
             tally=Tally(prompt_tokens=prompt, price=price),
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
             want_logprobs=request.logprobs,
             plan=plan,
         )
+
+    def _dispatch_early(
+        self, engine: EngineClient, account_id: int, wanted: list[GenerationRequest]
+    ) -> list[Started] | None:
+        """Send an upstream-served request on its way before its hold is placed, where the
+        account's last hold here covered everything it asked for: the hold's transaction then
+        overlaps the upstream's time to the first token instead of adding to it. Nothing is
+        read from these streams (so nothing reaches the client or is counted) until the hold
+        is in place; a hold refused, or one covering fewer tokens than were asked for, closes
+        them, which stops the upstream. An account whose last hold fell short waits for its
+        hold first, so one without the balance never reaches the upstream at all."""
+        if not engine.backends() or account_id not in self._covered:
+            return None
+        try:
+            streams = [engine.generate(request) for request in wanted]
+        except Exception:  # refused as it is: the usual path, after the hold, says why
+            return None
+        return [Started(stream) for stream in streams]
+
+    def _remember_cover(self, account_id: int, *, covered: bool) -> None:
+        if not covered:
+            self._covered.discard(account_id)
+            return
+        if len(self._covered) >= MAX_REMEMBERED_ACCOUNTS:
+            self._covered.clear()
+        self._covered.add(account_id)
 
     async def complete(self, prepared: PreparedChat) -> ChatCompletion:
         texts: dict[int, list[str]] = {i: [] for i in range(len(prepared.requests))}
@@ -376,7 +422,10 @@ class ChatService:
         than the hold TTL, and what it then generated would never be billed."""
         deadline = prepared.accepted_at + self.settings.max_generation_seconds
         try:
-            streams = [prepared.engine.generate(request) for request in prepared.requests]
+            streams: list[Any] = prepared.started or [
+                prepared.engine.generate(request) for request in prepared.requests
+            ]
+            prepared.started = None  # `merged` closes them from here on
         finally:
             prepared.arrived()
         finished: set[int] = set()
@@ -472,6 +521,8 @@ class ChatService:
             return
         prepared.closed = True
         prepared.arrived()  # in case it never reached `_outputs`
+        started, prepared.started = prepared.started, None
+        await _close_all(started)  # sent early, never read: nothing of them is billed
         try:
             await self._resolve_hold(prepared)
         except DATABASE_UNAVAILABLE as exc:
@@ -595,6 +646,12 @@ async def _encode(
     if sum(len(message.content) for message in messages) <= INLINE_TOKENIZE_CHARS:
         return engine.encode_chat(messages)
     return await to_thread.run_sync(engine.encode_chat, messages)
+
+
+async def _close_all(streams: list[Started] | None) -> None:
+    with anyio.CancelScope(shield=True):
+        for stream in streams or ():
+            await stream.aclose()
 
 
 def _choice(

@@ -1,4 +1,5 @@
-"""Merge the output streams of a request's choices into one, with keep-alives and a deadline."""
+"""Merge the output streams of a request's choices into one, with keep-alives and a deadline;
+start a stream ahead of its reader (`Started`)."""
 
 from __future__ import annotations
 
@@ -134,3 +135,38 @@ class _Inbox:
         if self._timer is not None:
             self._timer.cancel()
         self._timer, self._timer_at = None, math.inf
+
+
+class Started:
+    """An engine stream whose first output is fetched at once, in a task of its own, so that an
+    upstream request is on its way while the caller still waits on something else (the hold).
+    Read it as the stream itself; `aclose` stops it whether or not anything was read, and a
+    reader cancelled while it waits for the first output cancels that fetch with it."""
+
+    def __init__(self, stream: AsyncIterator[GenerationOutput]) -> None:
+        self._stream = stream
+        self._first: asyncio.Task[GenerationOutput] | None = asyncio.ensure_future(_first(stream))
+
+    def __aiter__(self) -> Started:
+        return self
+
+    async def __anext__(self) -> GenerationOutput:
+        first, self._first = self._first, None
+        if first is not None:
+            return await first
+        return await anext(self._stream)
+
+    async def aclose(self) -> None:
+        first, self._first = self._first, None
+        if first is not None:
+            first.cancel()
+            await asyncio.wait([first])  # ends cancelled, or with what it had already
+            if not first.cancelled():
+                first.exception()  # read: nothing is reported as never retrieved
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _first(stream: AsyncIterator[GenerationOutput]) -> GenerationOutput:
+    return await anext(stream)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -24,6 +26,7 @@ from api.engine.text.tokenizer import TokenizerWrapper
 from api.engine.upstream.wire import prompt_bound
 from billing import ledger
 from billing.db import session_scope
+from billing.locks import lock_accounts
 from billing.models import Hold, LedgerEntry
 from tests import fake_upstream
 from tests.api.conftest import DEMO_MODEL, free_port
@@ -620,3 +623,96 @@ def test_the_responses_api_returns_an_upstreams_calls_as_function_call_items(
     )
     assert streamed == fake_upstream.call_arguments("get_weather")
     assert (balance(engine).held, open_holds(engine)) == (0, 0)
+
+
+@contextmanager
+def holds_waiting(engine) -> Iterator[None]:
+    """While open, a hold on account 1 waits: this transaction locks the account's row (on
+    SQLite, the whole database's write lock, which its BEGIN IMMEDIATE takes)."""
+    with session_scope(engine) as session:
+        lock_accounts(session, [1])
+        yield
+
+
+def hold_elsewhere(engine, *, leaving: int) -> None:
+    """Another request holds all of account 1's balance but `leaving` tokens."""
+    with session_scope(engine) as session:
+        held = ledger.get_balance(session=session, account_id=1).available - leaving
+        ledger.hold(
+            session=session,
+            account_id=1,
+            request_id="chatcmpl-elsewhere",
+            min_tokens=held,
+            max_tokens=held,
+            ttl=timedelta(hours=1),
+        )
+
+
+def test_a_request_leaves_for_the_upstream_while_its_hold_waits_and_answers_after_it(
+    fakes, serve, api_key, make_client, engine
+):
+    upstream = fakes()
+    client = make_client(serve(upstream.base_url), api_key)
+    client.chat.completions.create(model="big", messages=HELLO, max_tokens=2)  # held in full
+    answers: list[Any] = []
+    asking = threading.Thread(
+        target=lambda: answers.append(
+            client.chat.completions.create(model="big", messages=HELLO, max_tokens=4)
+        )
+    )
+    with holds_waiting(engine):
+        asking.start()
+        poll(
+            lambda: upstream.state()["started"] == 2,
+            within=10,
+            what="the upstream taking the request while its hold waits",
+        )
+        assert answers == []  # nothing comes back before the hold is in place
+    asking.join(30)
+    [completion] = answers
+    assert completion.choices[0].message.content == "w0 w1 w2 w3"
+    assert_booked_as_told(engine, completion.id, completion.usage)
+    assert open_holds(engine) == 0
+
+
+def test_a_hold_refused_after_the_request_left_stops_it_and_bills_nothing(
+    fakes, serve, make_funded_key, make_client, engine
+):
+    upstream = fakes(delay=0.05)
+    client = make_client(serve(upstream.base_url), make_funded_key(1_000))
+    client.chat.completions.create(model="big", messages=HELLO, max_tokens=2)  # held in full
+    hold_elsewhere(engine, leaving=0)
+    used = balance(engine).used
+    with pytest.raises(openai.RateLimitError, match="quota"):
+        client.chat.completions.create(model="big", messages=HELLO, max_tokens=8, stream=True)
+    poll(lambda: upstream.state()["streaming"] == 0, within=5, what="the upstream stopping")
+    started = upstream.state()["started"]
+    with pytest.raises(openai.RateLimitError, match="quota"):  # its last hold fell short:
+        client.chat.completions.create(model="big", messages=HELLO, max_tokens=8)  # it waits
+    assert upstream.state()["started"] == started  # and never reaches the upstream
+    assert (balance(engine).used, open_holds(engine)) == (used, 1)  # the other request's
+
+
+def test_a_hold_covering_fewer_tokens_than_asked_sends_the_upstream_only_those(
+    fakes, serve, make_funded_key, make_client, engine
+):
+    upstream = fakes()
+    client = make_client(serve(upstream.base_url), make_funded_key(1_000))
+    client.chat.completions.create(model="big", messages=HELLO, max_tokens=2)  # held in full
+    bound = prompt_bound([ChatMessage(role="user", content="hello there")])
+    hold_elsewhere(engine, leaving=bound + 3)
+    chunks = list(
+        client.chat.completions.create(
+            model="big",
+            messages=HELLO,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "w0 w1 w2"
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert upstream.state()["last_body"]["max_tokens"] == 3
+    assert_booked_as_told(engine, chunks[0].id, chunks[-1].usage)
+    poll(lambda: upstream.state()["streaming"] == 0, within=5, what="the upstream stopping")
