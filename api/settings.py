@@ -78,6 +78,11 @@ class ApiSettings(BillingSettings):
     upstream_connect_seconds: float = Field(default=3.0, gt=0)
     upstream_first_token_seconds: float = Field(default=60.0, gt=0)
     upstream_read_seconds: float = Field(default=60.0, gt=0)
+    # Send an upstream request while its hold is placed, where the account's last hold covered
+    # all it asked for (api/serving/chat.py `_dispatch_early`). Off: every request waits for its
+    # hold, so an upstream that charges for a request it began (a provider) never gets one that
+    # a refused hold then closes.
+    upstream_early_dispatch: bool = True
 
 
 def default_instance_name() -> str:

@@ -261,6 +261,8 @@ class ChatService:
         is in place; a hold refused, or one covering fewer tokens than were asked for, closes
         them, which stops the upstream. An account whose last hold fell short waits for its
         hold first, so one without the balance never reaches the upstream at all."""
+        if not self.settings.upstream_early_dispatch:
+            return None
         if not engine.backends() or account_id not in self._covered:
             return None
         try:

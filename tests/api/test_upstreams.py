@@ -648,11 +648,12 @@ def hold_elsewhere(engine, *, leaving: int) -> None:
         )
 
 
-def test_a_request_leaves_for_the_upstream_while_its_hold_waits_and_answers_after_it(
-    fakes, serve, api_key, make_client, engine
+@pytest.mark.parametrize("early", [True, False], ids=["early dispatch", "told to wait"])
+def test_a_request_leaves_for_the_upstream_while_its_hold_waits_unless_told_not_to(
+    early, fakes, serve, api_key, make_client, engine
 ):
     upstream = fakes()
-    client = make_client(serve(upstream.base_url), api_key)
+    client = make_client(serve(upstream.base_url, upstream_early_dispatch=early), api_key)
     client.chat.completions.create(model="big", messages=HELLO, max_tokens=2)  # held in full
     answers: list[Any] = []
     asking = threading.Thread(
@@ -662,11 +663,15 @@ def test_a_request_leaves_for_the_upstream_while_its_hold_waits_and_answers_afte
     )
     with holds_waiting(engine):
         asking.start()
-        poll(
-            lambda: upstream.state()["started"] == 2,
-            within=10,
-            what="the upstream taking the request while its hold waits",
-        )
+        if early:
+            poll(
+                lambda: upstream.state()["started"] == 2,
+                within=10,
+                what="the upstream taking the request while its hold waits",
+            )
+        else:
+            asking.join(0.5)  # as long as the request gets
+            assert upstream.state()["started"] == 1
         assert answers == []  # nothing comes back before the hold is in place
     asking.join(30)
     [completion] = answers
