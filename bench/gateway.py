@@ -13,6 +13,10 @@ host; the API process's CPU per streamed token (/proc utime+stime); then time to
 token over `--ttft-requests` short requests each, alternating. llama-cpp-python serves one
 request at a time, so 8 streams queue there, direct and through alike. Writes
 bench/results/<date>-gateway-<host>.md.
+
+`--against REF` also serves an earlier commit (a git worktree of REF, on PYTHONPATH, with a
+database of its own) beside this checkout, on the same upstream, and interleaves its first-token
+requests with the others': a change's effect on the added time, free of the host's drift.
 """
 
 from __future__ import annotations
@@ -165,7 +169,12 @@ def wait_for(url: str, process: subprocess.Popen[bytes] | None, within: float = 
 
 
 async def measure(
-    args: argparse.Namespace, direct: Arm, gateway: Arm, noise: tuple[Arm, Arm], api_pid: int
+    args: argparse.Namespace,
+    direct: Arm,
+    gateway: Arm,
+    noise: tuple[Arm, Arm],
+    api_pid: int,
+    earlier: Arm | None = None,
 ) -> float:
     """Paired rounds: each round runs one batch a side, in alternating order, and its ratio is
     one reading, so a drift of the host's speed between rounds cancels out. A/A rounds (direct
@@ -193,8 +202,11 @@ async def measure(
         for arm in noise if round_ % 2 == 0 else noise[::-1]:
             await batch(arm, 1, body)
     short = body | {"max_tokens": 4}  # time to first token: more requests, each short
-    for _ in range(args.ttft_requests):
-        for arm in (direct, gateway):
+    arms = [direct, gateway] + ([earlier] if earlier else [])
+    if earlier is not None:  # its first request warms it, as the rounds above warmed HEAD's
+        await stream_once(earlier.port, short, earlier.key)
+    for turn in range(args.ttft_requests):
+        for arm in arms[turn % len(arms) :] + arms[: turn % len(arms)]:
             stream = await stream_once(arm.port, short, arm.key)
             arm.ttft.append(stream.first - stream.sent)
     return api_cpu
@@ -211,7 +223,12 @@ def paired(direct: Arm, other: Arm, streams: int) -> str:
 
 
 def report(
-    args: argparse.Namespace, direct: Arm, gateway: Arm, noise: tuple[Arm, Arm], api_cpu: float
+    args: argparse.Namespace,
+    direct: Arm,
+    gateway: Arm,
+    noise: tuple[Arm, Arm],
+    api_cpu: float,
+    earlier: Arm | None = None,
 ) -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -240,6 +257,15 @@ def report(
     )
     d50, g50 = statistics.median(direct.ttft), statistics.median(gateway.ttft)
     per_token = api_cpu / gateway.tokens * 1e6
+    against = []
+    if earlier is not None:
+        e50 = statistics.median(earlier.ttft)
+        against = [
+            f"Through Tokenshop at {args.against} (its own server on the same upstream, its "
+            f"requests interleaved with the others'), p50: {e50 * 1000:.1f} ms, added "
+            f"{(e50 - d50) * 1000:.1f} ms.",
+            "",
+        ]
     return "\n".join(
         [
             f"# Gateway overhead: llama.cpp direct against through Tokenshop ({dt.date.today()})",
@@ -264,6 +290,7 @@ def report(
             f"{g50 * 1000:.1f} ms, added {(g50 - d50) * 1000:.1f} ms "
             f"({len(direct.ttft)} requests each of max_tokens 4, alternating).",
             "",
+            *against,
             f"API CPU per streamed token: {per_token:.0f} us ({api_cpu:.2f} s of user+system time "
             f"for {gateway.tokens} tokens, hold, checkpoints and settlement included).",
             "",
@@ -280,7 +307,10 @@ def main() -> None:
     )
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--ttft-requests", type=int, default=20)
+    parser.add_argument("--ttft-requests", type=int, default=100)
+    parser.add_argument(
+        "--against", default=None, help="a commit whose added time to first token to interleave"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--upstream", default=None, help="an OpenAI-compatible base URL already running instead"
@@ -312,41 +342,72 @@ def main() -> None:
             f'[[model]]\nname = "tiny"\nupstreams = ["{upstream}"]\n'
             f'tokenizer = "{ROOT / "models" / "demo"}"\n'
         )
-        database_url = f"sqlite:///{work / 'bench.db'}"
-        secret = secrets.token_urlsafe(48)
-        env = os.environ | {
-            "DATABASE_URL": database_url,
-            "SECRET_KEY": secret,
-            "MODELS_FILE": str(models),
-        }
-        tokenshop = [sys.executable, "-c", "from tokenshop.cli import main; main()"]
-        subprocess.run([*tokenshop, "migrate"], env=env, cwd=ROOT, check=True, capture_output=True)
-        [key] = fund_keys(database_url, secret, 1, 100_000_000)
-        api_port = free_port()
-        api = subprocess.Popen(
-            [*tokenshop, "serve", "--port", str(api_port)],
-            env=env,
-            cwd=work,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        servers: list[subprocess.Popen[bytes]] = []
+        earlier: Arm | None = None
         try:
+            api, api_port, key = start_api(work / "head", models, ROOT)
+            servers.append(api)
+            if args.against:
+                checkout = work / "against"
+                subprocess.run(
+                    ["git", "worktree", "add", "--detach", str(checkout), args.against],
+                    cwd=ROOT,
+                    check=True,
+                    capture_output=True,
+                )
+                process, port, earlier_key = start_api(work / "earlier", models, checkout)
+                servers.append(process)
+                earlier = Arm(f"through Tokenshop at {args.against}", port, earlier_key)
             wait_for(f"{upstream}/models", llama)
             wait_for(f"http://127.0.0.1:{api_port}/ready", api)
+            if earlier is not None:
+                wait_for(f"http://127.0.0.1:{earlier.port}/ready", servers[-1])
             direct = Arm("direct", upstream_port, None)
             gateway = Arm("through Tokenshop", api_port, key)
             noise = (Arm("direct", upstream_port, None), Arm("direct again", upstream_port, None))
-            api_cpu = asyncio.run(measure(args, direct, gateway, noise, api.pid))
+            api_cpu = asyncio.run(measure(args, direct, gateway, noise, api.pid, earlier))
         finally:
-            for process in (api, llama):
-                if process is not None:
-                    process.terminate()
-                    process.wait(timeout=30)
-    text = report(args, direct, gateway, noise, api_cpu)
+            for process in servers + ([llama] if llama is not None else []):
+                process.terminate()
+                process.wait(timeout=30)
+            if args.against:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(work / "against")],
+                    cwd=ROOT,
+                    capture_output=True,
+                )
+    text = report(args, direct, gateway, noise, api_cpu, earlier)
     print(text)
     out = args.out or results_path("gateway")
     out.write_text(text)
     print(f"wrote {out}")
+
+
+def start_api(work: Path, models: Path, checkout: Path) -> tuple[subprocess.Popen[bytes], int, str]:
+    """`tokenshop serve` of `checkout` (this one, or an earlier commit's worktree put first on
+    PYTHONPATH) on a SQLite database of its own in `work`, with one funded key."""
+    work.mkdir()
+    database_url = f"sqlite:///{work / 'bench.db'}"
+    secret = secrets.token_urlsafe(48)
+    env = os.environ | {
+        "DATABASE_URL": database_url,
+        "SECRET_KEY": secret,
+        "MODELS_FILE": str(models),
+    }
+    if checkout != ROOT:
+        env["PYTHONPATH"] = str(checkout)
+    tokenshop = [sys.executable, "-c", "from tokenshop.cli import main; main()"]
+    subprocess.run([*tokenshop, "migrate"], env=env, cwd=checkout, check=True, capture_output=True)
+    [key] = fund_keys(database_url, secret, 1, 100_000_000)
+    port = free_port()
+    api = subprocess.Popen(
+        [*tokenshop, "serve", "--port", str(port)],
+        env=env,
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return api, port, key
 
 
 def results_path(kind: str) -> Path:
