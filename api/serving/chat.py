@@ -226,7 +226,7 @@ class ChatService:
                 model=request.model,
             )
         except BaseException:
-            self._covered.discard(account_id)
+            self._remember_cover(account_id, covered=False)
             await _close_all(early)
             raise
         self._remember_cover(account_id, covered=hold.amount >= max_cost)
