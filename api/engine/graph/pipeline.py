@@ -8,9 +8,10 @@ An export stays standard on disk; when it is loaded, `edited_graph` rewrites it 
    projections that read one tensor a single call.
 3. `int4_matmul` (our ops library): int4 projections on our `Int4MatMul`, then `swiglu` folds
    a SwiGLU MLP's activation into it.
-4. `int8_matmul` (our ops library, on CPUs where it is faster): dynamically quantized int8
-   projections on our `Int8MatMul`; then `tied_embedding` reads a tied model's embedding from
-   the int8 head's weights.
+4. `int8_matmul` (our ops library): dynamically quantized int8 projections on our
+   `Int8MatMul`, every one on CPUs where it is faster, and an int4 export's int8 LM head on
+   every CPU (`int8_matmul.py` says why); then `tied_embedding` reads a tied model's
+   embedding from the int8 head's weights.
 5. `attention` (our ops library, after 2): the fused attention on our `CachedAttention`, over a
    float16 cache where ENGINE_KV_CACHE_DTYPE asks (`auto`: for quantized exports).
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 FUSED_TAG = "gqa-rope-v3+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
 INT8_KERNEL_TAG = "int8-kernel-v2+residual+tied-embedding"
+INT8_HEAD_TAG = "int8-head"  # an int4 export's head alone on our op (INT8_KERNEL_TAG's edits)
 ATTENTION_KERNEL_TAG = "attention-kernel-v2"  # v2: left padding, and the metadata saying so
 KV_CACHE_TAG = "kv-cache"  # + the asked type, where it is not float32
 REPORT_TAG = "serving-path"  # the metadata `edits_of` reads
@@ -62,9 +64,10 @@ class EditPlan:
 
     fuse: bool
     int4_kernel: bool
-    int8_kernel: bool
+    int8_kernel: bool  # every dynamically quantized int8 projection
     attention_kernel: bool
     kv_cache_dtype: KvCacheDtype = "float32"
+    int8_head: bool = False  # an int4 export's int8 LM head, where `int8_kernel` is off
 
     def cache_tag(self) -> str:
         """The optimized-graph cache key's part for this plan."""
@@ -72,6 +75,7 @@ class EditPlan:
         tag += f"+{FUSED_TAG}" if self.fuse else ""
         tag += f"+{INT4_KERNEL_TAG}" if self.int4_kernel else ""
         tag += f"+{INT8_KERNEL_TAG}" if self.int8_kernel else ""
+        tag += f"+{INT8_HEAD_TAG}" if self.int8_head and not self.int8_kernel else ""
         own_attention = self.fuse and self.attention_kernel
         tag += f"+{ATTENTION_KERNEL_TAG}" if own_attention else ""
         if own_attention and self.kv_cache_dtype != "float32":
@@ -110,7 +114,8 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
         applied.append("int4-matmul")
         if fold_swiglu(proto):
             applied.append("swiglu")
-    if plan.int8_kernel and use_int8_kernel(proto) > 0:
+    int8 = plan.int8_kernel or (plan.int8_head and weights == "int4")  # int4: the head alone
+    if int8 and use_int8_kernel(proto) > 0:
         applied.append("int8-matmul")
         if share_tied_embedding(proto, model_file.parent):
             applied.append("tied-embedding")

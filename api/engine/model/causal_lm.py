@@ -213,7 +213,8 @@ class OnnxCausalLM:
     ) -> None:
         """`ops_library`: our op library (`ops.library.preferred_library()`), or None to run
         int4 graphs with ONNX Runtime's `MatMulNBits`. With it, dynamically quantized int8
-        projections run on its int8 op too where that is faster (`int8_matmul.py`), and fused
+        projections run on its int8 op too where that is faster, and an int4 export's int8
+        head on every CPU (`int8_matmul.py`), and fused
         attention on its attention op unless `attention_kernel` is False (`bench/context.py`
         compares the two), over a KV cache of `kv_cache_dtype` (`KvCacheDtype`; `spec.kv_dtype`
         says what was built). `ops_missing`: why there is no `ops_library`, for `serving_path`."""
@@ -234,6 +235,7 @@ class OnnxCausalLM:
                 int8_kernel=int8_kernel,
                 attention_kernel=attention_kernel and ops_library is not None,
                 kv_cache_dtype=kv_cache_dtype,
+                int8_head=ops_library is not None,
             )
             load, tag = partial(edited_graph, model_file, self.config, plan), plan.cache_tag()
         else:

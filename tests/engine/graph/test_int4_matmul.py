@@ -23,8 +23,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from api.engine.graph import pipeline
 from api.engine.graph.int4_matmul import OP_TYPE, use_int4_kernel
-from api.engine.model import causal_lm as engine_model
 from api.engine.model.session_cache import MODEL_FILE
 from api.engine.ops import library as ops_library
 from api.engine.ops.library import DOMAIN, huge_page_bytes, preferred_library, use_huge_pages
@@ -303,7 +303,7 @@ def test_engine_logits_equal_onnx_runtime_kernel(
     """The int4 layers alone: the export's int8 head stays on ONNX Runtime's kernel here (ours
     rounds its activations differently: `test_int8_matmul.py`)."""
     prompt = [5, 17, 33, 2, 90, 41, 7, 12, 64, 3, 29]
-    monkeypatch.setattr(engine_model, "int8_kernel_runs_faster", lambda library: False)
+    monkeypatch.setattr(pipeline, "use_int8_kernel", lambda model: 0)
     ours = make_engine(int4_export, ops_library=library)
     monkeypatch.undo()
     theirs = make_engine(int4_export)

@@ -216,6 +216,20 @@ def test_served_int4_export_runs_its_int8_head_with_our_op(
     assert "MatMulInteger" not in ops and "DynamicQuantizeMatMul" not in ops
 
 
+def test_where_our_op_is_not_chosen_an_int4_export_still_runs_its_head_with_it(
+    library: Path, int4_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On AVX2, where ONNX Runtime's int8 kernel is faster for every projection, the head of an
+    int4 export still goes on our op: its activation scales are per row, so each position's
+    logits are its own and drafts can be verified, and the embedding is read from its rows."""
+    monkeypatch.setattr(engine_model, "int8_kernel_runs_faster", lambda library: False)
+    ops = [node.op_type for node in served_ops(int4_export, library, tmp_path)]
+    assert ops.count(OP_TYPE) == 1 and "DynamicQuantizeLinear" not in ops
+    engine = make_engine(int4_export, cache_dir=tmp_path, ops_library=library)
+    assert engine.model.positions_independent
+    assert {"int8-matmul", "tied-embedding"} <= set(engine.serving_path().graph_edits)
+
+
 def test_where_our_op_is_not_chosen_the_int8_export_keeps_onnx_runtime_kernel(
     library: Path, int8_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

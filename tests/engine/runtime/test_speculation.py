@@ -279,11 +279,12 @@ def test_speculative_tokens_0_turns_drafting_off() -> None:
     assert make_engine(DEMO_DIR).scheduler.speculator is not None  # on by default
 
 
-@pytest.mark.usefixtures("served_with_our_op")
-def test_an_int4_model_on_our_kernels_gives_the_same_text(int4_export: Path, library: Path) -> None:
+def test_an_int4_model_on_our_kernels_gives_the_same_text(
+    int4_export: Path, library: Path, isa: str
+) -> None:
     """Our int4 and int8 kernels quantize each row's activations on their own, so a verified
-    position gets the logits a decode step would. The head is on our int8 op on every CPU here:
-    where ONNX Runtime's is chosen instead (AVX2), its shared scales turn drafts off (below)."""
+    position gets the logits a decode step would. The head is on our int8 op on every CPU, AVX2
+    too: ONNX Runtime's shared scales would turn drafts off (below)."""
     requests = [greedy("a", REPEATING, 40), greedy("b", MIXED, 24)]
     assert_same_with_and_without_drafts(requests, path=int4_export, ops_library=library)
 
