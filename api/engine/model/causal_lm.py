@@ -213,11 +213,11 @@ class OnnxCausalLM:
     ) -> None:
         """`ops_library`: our op library (`ops.library.preferred_library()`), or None to run
         int4 graphs with ONNX Runtime's `MatMulNBits`. With it, dynamically quantized int8
-        projections run on its int8 op too where that is faster, and an int4 export's int8
-        head on every CPU (`int8_matmul.py`), and fused
-        attention on its attention op unless `attention_kernel` is False (`bench/context.py`
-        compares the two), over a KV cache of `kv_cache_dtype` (`KvCacheDtype`; `spec.kv_dtype`
-        says what was built). `ops_missing`: why there is no `ops_library`, for `serving_path`."""
+        projections run on its int8 op too where that is faster, an int4 export's int8 head on
+        every CPU (`int8_matmul.py`), and fused attention on its attention op unless
+        `attention_kernel` is False (`bench/context.py` compares the two), over a KV cache of
+        `kv_cache_dtype` (`KvCacheDtype`; `spec.kv_dtype` says what was built). `ops_missing`:
+        why there is no `ops_library`, for `serving_path`."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)

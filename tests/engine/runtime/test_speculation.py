@@ -279,9 +279,8 @@ def test_speculative_tokens_0_turns_drafting_off() -> None:
     assert make_engine(DEMO_DIR).scheduler.speculator is not None  # on by default
 
 
-def test_an_int4_model_on_our_kernels_gives_the_same_text(
-    int4_export: Path, library: Path, isa: str
-) -> None:
+@pytest.mark.usefixtures("isa")
+def test_an_int4_model_on_our_kernels_gives_the_same_text(int4_export: Path, library: Path) -> None:
     """Our int4 and int8 kernels quantize each row's activations on their own, so a verified
     position gets the logits a decode step would. The head is on our int8 op on every CPU, AVX2
     too: ONNX Runtime's shared scales would turn drafts off (below)."""
