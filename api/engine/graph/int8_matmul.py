@@ -50,10 +50,11 @@ def runs_faster_here(library: Path) -> bool:
     slower than ONNX Runtime's kernel, so there ONNX Runtime's kernel stays
     (bench/results/2026-11-26-kernel-notes.md).
 
-    Not for an int4 export's int8 LM head, which takes our op on every CPU (`EditPlan.int8_head`):
-    ONNX Runtime's one activation scale per call makes a row's logits depend on the rows and
-    positions beside it, which turns drafts off, and only our head gives the `tied-embedding`
-    edit its rows, without which the float32 embedding table's pages fill the process."""
+    Not for an int4 export's int8 LM head, which goes on our op with the int4 layers, on every
+    CPU (`EditPlan.int4_kernel`): ONNX Runtime's one activation scale per call makes a row's
+    logits depend on the rows and positions beside it, which turns drafts off, and only our
+    head gives the `tied-embedding` edit its rows, without which the float32 embedding table's
+    pages fill the process."""
     return isa_of(library) in ("avx512-vnni", "amx")
 
 

@@ -63,11 +63,10 @@ class EditPlan:
     """Which edits to try: each applies only where the graph has what it rewrites."""
 
     fuse: bool
-    int4_kernel: bool
+    int4_kernel: bool  # int4 projections, and an int4 export's int8 LM head with them
     int8_kernel: bool  # every dynamically quantized int8 projection
     attention_kernel: bool
     kv_cache_dtype: KvCacheDtype = "float32"
-    int8_head: bool = False  # an int4 export's int8 LM head, where `int8_kernel` is off
 
     def cache_tag(self) -> str:
         """The optimized-graph cache key's part for this plan."""
@@ -75,7 +74,7 @@ class EditPlan:
         tag += f"+{FUSED_TAG}" if self.fuse else ""
         tag += f"+{INT4_KERNEL_TAG}" if self.int4_kernel else ""
         tag += f"+{INT8_KERNEL_TAG}" if self.int8_kernel else ""
-        tag += f"+{INT8_HEAD_TAG}" if self.int8_head and not self.int8_kernel else ""
+        tag += f"+{INT8_HEAD_TAG}" if self.int4_kernel and not self.int8_kernel else ""
         own_attention = self.fuse and self.attention_kernel
         tag += f"+{ATTENTION_KERNEL_TAG}" if own_attention else ""
         if own_attention and self.kv_cache_dtype != "float32":
@@ -114,7 +113,7 @@ def edited_graph(model_file: Path, config: dict[str, Any], plan: EditPlan) -> st
         applied.append("int4-matmul")
         if fold_swiglu(proto):
             applied.append("swiglu")
-    int8 = plan.int8_kernel or (plan.int8_head and weights == "int4")  # int4: the head alone
+    int8 = plan.int8_kernel or (plan.int4_kernel and weights == "int4")  # int4: the head alone
     if int8 and use_int8_kernel(proto) > 0:
         applied.append("int8-matmul")
         if share_tied_embedding(proto, model_file.parent):

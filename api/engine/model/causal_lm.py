@@ -235,7 +235,6 @@ class OnnxCausalLM:
                 int8_kernel=int8_kernel,
                 attention_kernel=attention_kernel and ops_library is not None,
                 kv_cache_dtype=kv_cache_dtype,
-                int8_head=ops_library is not None,
             )
             load, tag = partial(edited_graph, model_file, self.config, plan), plan.cache_tag()
         else:
