@@ -148,10 +148,11 @@ def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def activation_batches(k: int) -> Iterator[np.ndarray]:
     """Inputs [rows, k] for our ops: 1 to 70 rows (decode steps of 1 to 8 sequences, every
-    remainder of a tile, a prefill chunk), each with an outlier in the first block, whose scale
-    must be that block's own, not the row's."""
+    remainder of a tile, one and two AMX tiles of rows as drafts are verified, a prefill chunk),
+    each with an outlier in the first block, whose scale must be that block's own, not the
+    row's."""
     rng = np.random.default_rng(7)
-    for rows in (1, 2, 3, 4, 5, 7, 8, 13, 70):
+    for rows in (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 24, 32, 33, 70):
         a = rng.standard_normal((rows, k)).astype(np.float32)
         a[0, 0] = 40.0
         yield a

@@ -467,7 +467,10 @@ static OrtStatus *allocate_rows(QuantizedRows *r, int64_t rows, const Int4Kernel
   r->block = k->block;
   r->blocks = (k->k + k->block - 1) / k->block;
   size_t entries = (size_t)(rows * r->blocks);
-  r->q = aligned_alloc(64, round64((size_t)(rows * r->blocks * r->block)));
+  /* A tile of rows more, zeroed: matmul_amx.h's amx_block2 loads whole tiles past the last */
+  size_t bytes = (size_t)(rows * r->blocks * r->block), padding = (size_t)(16 * r->block);
+  r->q = aligned_alloc(64, round64(bytes + padding));
+  if (r->q != NULL) memset(r->q + bytes, 0, padding);
   r->scales = calloc(entries, sizeof(float));
   r->corrections = calloc(entries, sizeof(float));
   if (r->q == NULL || r->scales == NULL || r->corrections == NULL)

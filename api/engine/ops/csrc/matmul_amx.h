@@ -17,6 +17,8 @@
  *               tiles 5, 6 the same for every other block
  *   tile 2      activations: rows x 64 (one chunk of 64 weights of the block)
  *   tiles 3, 4  weights: 16 x 64 (the chunk's 64 weights of 16 columns, 4 per column a row)
+ * From 17 to 32 rows (amx_rows2) tiles 5, 6 hold the second tile of rows' sums, its activations
+ * loaded into tile 2 after the first's, so each chunk of weights is unpacked and loaded once.
  */
 
 #define AMX_TARGET TILE_TARGET_VNNI ",amx-tile,amx-int8"
@@ -33,7 +35,10 @@ typedef struct {
 /* Tile shapes for `rows` activation rows, loaded only where the thread's differ: ldtilecfg
  * waits for every tile instruction in flight (about 50 ns, 10% of an 8-row projection when it
  * ran per strip), reading the shapes back costs 6. Read back, not remembered: another library
- * on the thread (ONNX Runtime's own AMX kernels) may have set or released them. */
+ * on the thread (ONNX Runtime's own AMX kernels) may have set or released them. Tile 7 stays
+ * unconfigured: ONNX Runtime's kernels reload their shapes (every tile 16 x 64) only where both
+ * a width and a row count differ from theirs, so with all 8 tiles 64 bytes wide they ran on our
+ * row counts and faulted (SIGILL). */
 AMX_INLINE void amx_configure(int rows) {
   TileConfig config __attribute__((aligned(64))), current __attribute__((aligned(64)));
   memset(&config, 0, sizeof config);
@@ -133,7 +138,8 @@ AMX_INLINE void amx_fetch(const uint8_t *b, int64_t chunk, int64_t panel, const 
  * each unpacked two chunks ahead of its multiply, since a tile load of bytes just stored waits
  * for the stores (2 KB stored and loaded back: 24 ns a chunk; other bytes: 10.6). The ring stays
  * in L1, where a whole strip unpacked first (up to 152 KB) did not: at 8 rows that took 1.4x as
- * long. More rows (a prefill): the whole strip unpacked once, for every tile of rows. */
+ * long. Up to two tiles of rows (decoding, verifying drafts) share the ring (amx_rows2); more
+ * rows (a prefill): the whole strip unpacked once, for every pair of tiles of rows. */
 typedef struct {
   const uint8_t *b;
   int64_t panel, chunks;
@@ -185,6 +191,53 @@ AMX_INLINE void amx_rows(const MatMulTask *t, const AmxWeights *w, int64_t p, in
                    out_at_vnni(t, row0, p));
 }
 
+/* amx_block for two tiles of rows, row0.. into tiles 0, 1 and row0 + AMX_ROWS.. into tiles 5,
+ * 6: each chunk's weight tiles are loaded once and multiplied by both tiles of activations. The
+ * second is loaded whole (AMX_ROWS rows): the rows past the batch's are the next block's, or
+ * past the last block the padding QuantizedRows keeps, and their sums are never read. */
+AMX_INLINE void amx_block2(const MatMulTask *t, const AmxWeights *w, int64_t blk, int64_t row0,
+                           const int groups, const int bits, AmxSums sums[2]) {
+  const QuantizedRows *r = t->rows;
+  const int8_t *a = r->q + (blk * r->rows + row0) * r->block;
+  const int8_t *second = a + AMX_ROWS * r->block;
+  amx_zero(0);
+  amx_zero(1);
+  for (int within = 0; within < groups / 8; within++) {
+    amx_multiply(a + 64 * within, r->block, amx_chunk(w, blk * (groups / 8) + within, bits), 0);
+    _tile_loadd(2, second + 64 * within, r->block);
+    _tile_dpbsud(5, 2, 3);
+    _tile_dpbsud(6, 2, 4);
+  }
+  amx_store(sums[0], 0);
+  amx_store(sums[1], 1);
+}
+
+/* amx_rows for AMX_ROWS < rows <= 2 * AMX_ROWS: two tiles of rows in one pass over the strip.
+ * As two passes of amx_rows, the weights were unpacked twice, or (as every prefill still does
+ * past 2 * AMX_ROWS) unpacked once into a buffer that spills out of L1: a projection at 17 rows
+ * took 1.4-1.8x its time at 16, and a decode step of 8 streams verifying 2 drafts each (24
+ * rows) 1.6x the step verifying 1; now 24 rows cost about what 16 do (figures:
+ * bench/results/2026-11-27-amx-two-row-tiles-amx-xeon.md). A block's sums are scaled a block
+ * later, as in amx_rows. */
+AMX_INLINE void amx_rows2(const MatMulTask *t, const AmxWeights *w, int64_t p, int64_t row0,
+                          int rows, const int groups, const int bits) {
+  const int64_t blocks = t->rows->blocks;
+  const float *bscale = t->scales + p * t->panel_scales;
+  AmxSums sums[2][2] __attribute__((aligned(64))); /* [block % 2][tile of rows] */
+  __m512 acc[2 * AMX_ROWS][2];
+  for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  amx_configure(AMX_ROWS);
+  for (int64_t blk = 0; blk <= blocks; blk++) {
+    if (blk < blocks) amx_block2(t, w, blk, row0, groups, bits, sums[blk % 2]);
+    if (blk == 0) continue;
+    AmxSums *done = sums[(blk - 1) % 2];
+    amx_add_block(t, blk - 1, row0, AMX_ROWS, bscale, done[0], acc);
+    amx_add_block(t, blk - 1, row0 + AMX_ROWS, rows - AMX_ROWS, bscale, done[1], acc + AMX_ROWS);
+  }
+  store_pairs_vnni(t, rows, 2, &acc[0][0], 2, t->bias != NULL ? t->bias + p * 8 : NULL,
+                   out_at_vnni(t, row0, p));
+}
+
 /* A thread's buffer for a strip's unpacked weights: grown as needed, freed with the thread. */
 static pthread_key_t g_amx_buffer_key;
 static pthread_once_t g_amx_buffer_once = PTHREAD_ONCE_INIT;
@@ -225,19 +278,22 @@ AMX_INLINE void amx_strip(const MatMulTask *t, int64_t p, const int groups, cons
   AmxWeights w = {.b = t->b + p * t->panel_bytes,
                   .panel = t->panel_bytes,
                   .chunks = chunks,
-                  .unpacked = all_rows > AMX_ROWS ? amx_buffer((size_t)chunks * 2048) : NULL};
+                  .unpacked = all_rows > 2 * AMX_ROWS ? amx_buffer((size_t)chunks * 2048) : NULL};
   w.ring = w.unpacked == NULL; /* also where the buffer could not be had */
   if (w.ring)
     w.unpacked = ring;
   else
     for (int64_t chunk = 0; chunk < w.chunks; chunk++)
       amx_fetch(w.b, chunk, w.panel, bits, w.unpacked + 2048 * chunk);
-  for (int64_t row0 = 0; row0 < all_rows; row0 += AMX_ROWS) {
+  for (int64_t row0 = 0; row0 < all_rows; row0 += 2 * AMX_ROWS) {
     if (w.ring) /* the first two chunks; amx_chunk fetches the rest as it goes */
       for (int64_t chunk = 0; chunk < 2 && chunk < w.chunks; chunk++)
         amx_fetch(w.b, chunk, w.panel, bits, ring + 2048 * chunk);
-    int rows = (int)(all_rows - row0 < AMX_ROWS ? all_rows - row0 : AMX_ROWS);
-    amx_rows(t, &w, p, row0, rows, groups, bits);
+    int rows = (int)(all_rows - row0 < 2 * AMX_ROWS ? all_rows - row0 : 2 * AMX_ROWS);
+    if (rows > AMX_ROWS)
+      amx_rows2(t, &w, p, row0, rows, groups, bits);
+    else
+      amx_rows(t, &w, p, row0, rows, groups, bits);
   }
 }
 
