@@ -468,7 +468,7 @@ static OrtStatus *allocate_rows(QuantizedRows *r, int64_t rows, const Int4Kernel
   r->blocks = (k->k + k->block - 1) / k->block;
   size_t entries = (size_t)(rows * r->blocks);
   /* A tile of rows more, zeroed: matmul_amx.h's amx_block2 loads whole tiles past the last */
-  size_t bytes = (size_t)(rows * r->blocks * r->block), padding = (size_t)(16 * r->block);
+  size_t bytes = (size_t)(rows * r->blocks * r->block), padding = (size_t)(AMX_ROWS * r->block);
   r->q = aligned_alloc(64, round64(bytes + padding));
   if (r->q != NULL) memset(r->q + bytes, 0, padding);
   r->scales = calloc(entries, sizeof(float));
