@@ -175,8 +175,8 @@ class ResponsesService:
             if error.status >= 500:
                 logger.exception("response stream %s failed", prepared.id)
             body = error.body
+            await self.chat.close(prepared.chat)  # settled before the client hears of it
             yield events.event("error", code=body.code, message=body.message, param=body.param)
-            await self.chat.close(prepared.chat)  # settled before the usage below is sent
             failed = self.response(
                 prepared,
                 status="failed",
