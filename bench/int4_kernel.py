@@ -1,13 +1,17 @@
 """One int4 projection, ONNX Runtime's `MatMulNBits` against our `Int4MatMul`, by batch rows.
 
     .venv/bin/python bench/int4_kernel.py [--rows 1,8,64] [--library PATH ...] [--isa default,avx2]
+        [--shape llama-3.2-3b] [--cold-mb 512]
 
-The shapes are a Qwen2.5-0.5B layer's (the engine merges q/k/v and gate/up into one call each):
-896 -> 1152, 896 -> 896, 896 -> 9728 and 4864 -> 896, block 128, accuracy level 4, random
-weights. Each (shape, rows, kernel) is timed in segments that are interleaved round by round, as
-the shared 2-core machine drifts by tens of percent over minutes; the table gives the median
-segment. Several `--library` builds (variants of csrc/int4_matmul.c) are timed side by side, and
-with `--isa default,avx2` the AVX2 path beside the CPU's best (AVX-512 VNNI where it has it).
+The projections are one layer's of `--shape` (bench/engine.py's SHAPES; the engine merges q/k/v
+and gate/up into one call each): for the default Qwen2.5-0.5B 896 -> 1152, 896 -> 896,
+896 -> 9728 and 4864 -> 896; block 128, accuracy level 4, random weights. Beside each one-row
+time, the GB/s it read of weights and scales, to hold against the host's read bandwidth; with
+`--cold-mb` each call reads its weights from memory, as a decode step does, not from a cache
+that holds them. Each (shape, rows, kernel) is timed in segments that are interleaved round by
+round, as the shared 2-core machine drifts by tens of percent over minutes; the table gives the
+median segment. Several `--library` builds (variants of csrc/matmul.c) are timed side by side,
+and with `--isa default,avx2` the AVX2 path beside the CPU's best (AVX-512 VNNI where it has it).
 """
 
 from __future__ import annotations
@@ -28,15 +32,37 @@ sys.path.insert(0, str(ROOT))
 
 from api.engine.graph.int4_matmul import use_int4_kernel  # noqa: E402
 from api.engine.ops.library import default_library  # noqa: E402
+from bench.engine import DEFAULT_SHAPE, SHAPES  # noqa: E402
 from tests.engine.graphs import matmul_nbits  # noqa: E402
 
-SHAPES = {"qkv": (896, 1152), "o": (896, 896), "gate+up": (896, 9728), "down": (4864, 896)}
 BLOCK = 128
 SEGMENT_SECONDS = 0.2
 
 
-def session(k: int, n: int, library: Path | None, threads: int) -> ort.InferenceSession:
-    node, initializers = matmul_nbits(k, n, BLOCK, seed=k * n)
+def projections(shape: str) -> dict[str, tuple[int, int]]:
+    """(k, n) of each of a layer's projection calls."""
+    config = SHAPES[shape]
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim", hidden // heads)
+    qkv = (heads + 2 * config["num_key_value_heads"]) * head_dim
+    intermediate = config["intermediate_size"]
+    return {
+        "qkv": (hidden, qkv),
+        "o": (heads * head_dim, hidden),
+        "gate+up": (hidden, 2 * intermediate),
+        "down": (intermediate, hidden),
+    }
+
+
+def weight_bytes(k: int, n: int) -> int:
+    """What one call reads of B: 4-bit weights and a float32 scale per block."""
+    return k * n // 2 + (k // BLOCK) * n * 4
+
+
+def session(
+    k: int, n: int, library: Path | None, threads: int, copy: int = 0
+) -> ort.InferenceSession:
+    node, initializers = matmul_nbits(k, n, BLOCK, seed=k * n + copy)
     graph = helper.make_graph(
         [node],
         "projection",
@@ -57,11 +83,11 @@ def session(k: int, n: int, library: Path | None, threads: int) -> ort.Inference
     return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
 
 
-def segment(run: ort.InferenceSession, feed: dict[str, np.ndarray]) -> float:
-    """Mean microseconds per call over about `SEGMENT_SECONDS`."""
+def segment(runs: list[ort.InferenceSession], feed: dict[str, np.ndarray]) -> float:
+    """Mean microseconds per call over about `SEGMENT_SECONDS`, the copies taking turns."""
     calls, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < SEGMENT_SECONDS:
-        run.run(None, feed)
+        runs[calls % len(runs)].run(None, feed)
         calls += 1
     return elapsed / calls * 1e6
 
@@ -69,9 +95,18 @@ def segment(run: ort.InferenceSession, feed: dict[str, np.ndarray]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,4,8,16,64,512")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=DEFAULT_SHAPE)
     parser.add_argument("--library", type=Path, nargs="*", default=[default_library()])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--cold-mb",
+        type=int,
+        default=0,
+        help="give each projection copies of other random weights, this many MB of them, called"
+        " in turn, so that every call reads its weights from memory as decoding does (default 0:"
+        " one copy, which the caches hold once it fits)",
+    )
     parser.add_argument(
         "--isa",
         default="default",
@@ -83,6 +118,7 @@ def main() -> int:
     if missing:
         print(f"no library at {missing[0]}: run `python -m api.engine.ops.build`")
         return 1
+    shapes = projections(args.shape)
     isas = [i for i in args.isa.split(",") if i]
     kernels: dict[str, tuple[Path | None, str]] = {"ORT MatMulNBits": (None, "default")}
     kernels |= {
@@ -95,13 +131,16 @@ def main() -> int:
     for name, (library, isa) in kernels.items():
         # the op picks its path when a session makes it (csrc/int4_matmul.c)
         os.environ["TOKENSHOP_INT4_ISA"] = isa
-        for shape in SHAPES:
-            sessions[(shape, name)] = session(*SHAPES[shape], library, args.threads)
+        for shape, (k, n) in shapes.items():
+            copies = max(1, -(-(args.cold_mb << 20) // weight_bytes(k, n)))
+            sessions[(shape, name)] = [
+                session(k, n, library, args.threads, copy) for copy in range(copies)
+            ]
     os.environ.pop("TOKENSHOP_INT4_ISA")
     rng = np.random.default_rng(0)
     feeds = {
-        (s, m): {"x": rng.standard_normal((m, SHAPES[s][0]), np.float32)}
-        for s in SHAPES
+        (s, m): {"x": rng.standard_normal((m, shapes[s][0]), np.float32)}
+        for s in shapes
         for m in rows
     }
     times: dict[tuple[str, int, str], list[float]] = {}
@@ -109,14 +148,22 @@ def main() -> int:
         for (shape, name), run in sessions.items():
             for m in rows:
                 times.setdefault((shape, m, name), []).append(segment(run, feeds[(shape, m)]))
-    print(f"\nus per call, median of {args.rounds} interleaved segments; {args.threads} threads\n")
+    print(
+        f"\n{args.shape}: us per call, median of {args.rounds} interleaved segments;"
+        f" {args.threads} threads; one row's GB/s of weights and scales in brackets"
+        + (f"; weights from {args.cold_mb} MB of copies" if args.cold_mb else "")
+        + "\n"
+    )
     names = list(kernels)
     print("| projection | rows | " + " | ".join(names) + " | ORT / ours |")
     print("|---|---:|" + "---:|" * len(names) + "---:|")
-    for shape in SHAPES:
+    for shape, (k, n) in shapes.items():
         for m in rows:
             medians = [statistics.median(times[(shape, m, name)]) for name in names]
-            cells = " | ".join(f"{t:.1f}" for t in medians)
+            cells = " | ".join(
+                f"{t:.1f}" + (f" ({weight_bytes(k, n) / t / 1e3:.1f})" if m == 1 else "")
+                for t in medians
+            )
             print(f"| {shape} | {m} | {cells} | {medians[0] / min(medians[1:]):.2f}x |")
     return 0
 
