@@ -60,14 +60,27 @@ def weight_bytes(k: int, n: int) -> int:
 
 
 def session(
-    k: int, n: int, library: Path | None, threads: int, copy: int = 0
+    k: int, n: int, library: Path | None, threads: int, copies: int = 1
 ) -> ort.InferenceSession:
-    node, initializers = matmul_nbits(k, n, BLOCK, seed=k * n + copy)
+    """A graph of `copies` projections of x, each with weights of its own, run one after
+    another, as a model's layers are: from the second call on, a copy's weights are in cache
+    only if all the copies' fit."""
+    nodes, initializers, outputs = [], [], []
+    for copy in range(copies):
+        node, weights = matmul_nbits(k, n, BLOCK, seed=k * n + copy)
+        for tensor in weights:
+            tensor.name = f"{tensor.name}_{copy}"
+        node.input[1:] = [f"{name}_{copy}" for name in node.input[1:]]
+        node.output[0] = f"Y_{copy}"
+        node.name = f"projection_{copy}"
+        nodes.append(node)
+        initializers += weights
+        outputs.append(helper.make_tensor_value_info(f"Y_{copy}", TensorProto.FLOAT, ["rows", n]))
     graph = helper.make_graph(
-        [node],
+        nodes,
         "projection",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", n])],
+        outputs,
         initializers,
     )
     model = helper.make_model(
@@ -83,13 +96,13 @@ def session(
     return ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
 
 
-def segment(runs: list[ort.InferenceSession], feed: dict[str, np.ndarray]) -> float:
-    """Mean microseconds per call over about `SEGMENT_SECONDS`, the copies taking turns."""
+def segment(run: ort.InferenceSession, copies: int, feed: dict[str, np.ndarray]) -> float:
+    """Mean microseconds per projection over about `SEGMENT_SECONDS`."""
     calls, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < SEGMENT_SECONDS:
-        runs[calls % len(runs)].run(None, feed)
+        run.run(None, feed)
         calls += 1
-    return elapsed / calls * 1e6
+    return elapsed / calls / copies * 1e6
 
 
 def main() -> int:
@@ -103,9 +116,9 @@ def main() -> int:
         "--cold-mb",
         type=int,
         default=0,
-        help="give each projection copies of other random weights, this many MB of them, called"
-        " in turn, so that every call reads its weights from memory as decoding does (default 0:"
-        " one copy, which the caches hold once it fits)",
+        help="run this many MB of copies of each projection, each with weights of its own, one"
+        " after another, so that each reads its weights from memory as decoding does (default"
+        " 0: one copy, which the caches hold once it fits)",
     )
     parser.add_argument(
         "--isa",
@@ -127,15 +140,13 @@ def main() -> int:
         for isa in isas
     }
     rows = [int(r) for r in args.rows.split(",")]
-    sessions = {}
+    sessions: dict[tuple[str, str], tuple[ort.InferenceSession, int]] = {}
     for name, (library, isa) in kernels.items():
         # the op picks its path when a session makes it (csrc/int4_matmul.c)
         os.environ["TOKENSHOP_INT4_ISA"] = isa
         for shape, (k, n) in shapes.items():
             copies = max(1, -(-(args.cold_mb << 20) // weight_bytes(k, n)))
-            sessions[(shape, name)] = [
-                session(k, n, library, args.threads, copy) for copy in range(copies)
-            ]
+            sessions[(shape, name)] = (session(k, n, library, args.threads, copies), copies)
     os.environ.pop("TOKENSHOP_INT4_ISA")
     rng = np.random.default_rng(0)
     feeds = {
@@ -145,9 +156,11 @@ def main() -> int:
     }
     times: dict[tuple[str, int, str], list[float]] = {}
     for _ in range(args.rounds):
-        for (shape, name), run in sessions.items():
+        for (shape, name), (run, copies) in sessions.items():
             for m in rows:
-                times.setdefault((shape, m, name), []).append(segment(run, feeds[(shape, m)]))
+                times.setdefault((shape, m, name), []).append(
+                    segment(run, copies, feeds[(shape, m)])
+                )
     print(
         f"\n{args.shape}: us per call, median of {args.rounds} interleaved segments;"
         f" {args.threads} threads; one row's GB/s of weights and scales in brackets"
