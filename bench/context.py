@@ -15,12 +15,20 @@ several builds of our op library (`--library A.so B.so`: a kernel change against
 before it, in one process; both must take the graph the current edits make), and attention run
 by ONNX Runtime's `GroupQueryAttention` and by our op (`--attention both`), and our op over a
 float32 and a float16 KV cache (`--kv-cache both`, the engine's `ENGINE_KV_CACHE_DTYPE`).
+
+`--profile DIR` (one batch and one context) has ONNX Runtime time every op of those steps and
+prints where a step goes: the ops' time by type, each projection's rate (its weights' bytes
+over its time: against the host's read bandwidth, how near it comes to the memory's speed), and
+the step's time outside any op. The profiler adds a few microseconds to every op, so steps run
+slower than without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
+import json
 import statistics
 import sys
 import time
@@ -80,6 +88,8 @@ class Decoder:
             started = time.perf_counter()
             self.binding.bind_output("logits")
             self.binding.bind_cpu_input("input_ids", self.ids)
+            if self.model.spec.has_position_ids:  # a lean export's (bench/lean_export.py)
+                self.binding.bind_cpu_input("position_ids", self.lengths[:, None].copy())
             self.binding.bind_cpu_input(SEQLENS, self.lengths.astype(np.int32))
             self.binding.bind_cpu_input(TOTAL, np.array(self.lengths.max() + 1, np.int32))
             self.model.session.run_with_iobinding(self.binding)
@@ -121,7 +131,17 @@ def main() -> int:
         nargs="+",
         help="builds of our op library to interleave (instead of --int4-kernel)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="a dir for ONNX Runtime's profiles; prints where a step goes (one batch, one context)",
+    )
     args = parser.parse_args()
+    if args.profile and ("," in args.batches or "," in args.contexts):
+        print("--profile takes one batch and one context: pass --batches B --contexts C")
+        return 1
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     kernels: dict[str, Path | None] | None
     if args.library:
         kernels = {f" ({path})": path for path in args.library}
@@ -147,6 +167,7 @@ def main() -> int:
                 ops_library=kernel,
                 attention_kernel=ours,
                 kv_cache_dtype="float16" if half else "float32",
+                profile=args.profile / label.replace("/", "-") if args.profile else None,
             )
             if not models[label].spec.shared_kv:
                 print(f"{path}: the engine does not serve this graph with fused attention")
@@ -175,7 +196,52 @@ def main() -> int:
                 step = statistics.median(times[(path, batch, context)])
                 row = f"| {path} | {batch} | {context} | {step * 1000:.2f} "
                 print(row + f"| {batch / step:.1f} | {step / base:.2f}x |")
+    for label, model in models.items() if args.profile else ():
+        print(f"\n{label}: {where_a_step_goes(Path(model.session.end_profiling()))}")
     return 0
+
+
+def where_a_step_goes(profile: Path) -> str:
+    """Markdown tables of an ONNX Runtime profile's runs (the warm-up's left out): op time by
+    type, and each projection's by its weights' size, per step."""
+    events = json.loads(profile.read_text())
+    runs = [e for e in events if e.get("name") == "model_run"][STEPS:]
+    first = runs[0]["ts"]
+    ops = [
+        e
+        for e in events
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first
+    ]
+    steps = len(runs)
+    by_type: collections.Counter[str] = collections.Counter()
+    by_weights: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+    for op in ops:
+        kind, weights = op["args"]["op_name"], int(op["args"].get("parameter_size", 0))
+        by_type[kind] += op["dur"]
+        if "MatMul" in kind and weights >= 1 << 16:  # others read a part of theirs
+            by_weights[(kind, weights)].append(op["dur"])
+    total = sum(r["dur"] for r in runs) / steps
+    outside = total - sum(by_type.values()) / steps
+    lines = [
+        f"{steps} steps of {total / 1e3:.2f} ms, {outside / 1e3:.2f} ms of each outside any op",
+        "",
+        "| op | ms a step | share |",
+        "|---|---:|---:|",
+    ]
+    for kind, us in by_type.most_common():
+        lines.append(f"| {kind} | {us / steps / 1e3:.3f} | {us / steps / total:.1%} |")
+    lines += [
+        "",
+        "| op | weights MB | calls a step | median us | GB/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for (kind, weights), durations in sorted(by_weights.items(), key=lambda kv: -sum(kv[1])):
+        median = statistics.median(durations)
+        lines.append(
+            f"| {kind} | {weights / 1e6:.2f} | {len(durations) // steps} | {median:.0f}"
+            f" | {weights / median / 1e3:.1f} |"
+        )
+    return "\n".join(lines)
 
 
 def _kernels(choice: str) -> dict[str, Path | None] | None:

@@ -175,10 +175,16 @@ def _counts_logits_positions(session: ort.InferenceSession) -> bool:
     return any(i.name == LOGITS_POSITIONS for i in session.get_inputs())
 
 
-def session_options(threads: int | None, ops_library: Path | None = None) -> ort.SessionOptions:
+def session_options(
+    threads: int | None, ops_library: Path | None = None, profile: Path | None = None
+) -> ort.SessionOptions:
     """The engine's ONNX Runtime settings (a fresh object each call: a session may be opened
-    twice, `ort_cache.py`), with our int4 op's library registered when given."""
+    twice, `ort_cache.py`), with our int4 op's library registered when given, and ONNX
+    Runtime's profiler writing to files starting with `profile` when given."""
     options = ort.SessionOptions()
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile)
     if ops_library is not None:
         register_ops(options, ops_library)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -210,6 +216,7 @@ class OnnxCausalLM:
         ops_missing: str | None = None,
         attention_kernel: bool = True,
         kv_cache_dtype: KvCacheDtype = "float32",
+        profile: Path | None = None,
     ) -> None:
         """`ops_library`: our op library (`ops.library.preferred_library()`), or None to run
         int4 graphs with ONNX Runtime's `MatMulNBits`. With it, dynamically quantized int8
@@ -217,7 +224,9 @@ class OnnxCausalLM:
         every CPU (`int8_matmul.py`), and fused attention on its attention op unless
         `attention_kernel` is False (`bench/context.py` compares the two), over a KV cache of
         `kv_cache_dtype` (`KvCacheDtype`; `spec.kv_dtype` says what was built). `ops_missing`:
-        why there is no `ops_library`, for `serving_path`."""
+        why there is no `ops_library`, for `serving_path`. `profile`: a path prefix for ONNX
+        Runtime's profile of every run (`session.end_profiling()` writes it; a benchmark's
+        setting, `bench/context.py --profile`)."""
         self.path = path
         model_file = path / MODEL_FILE
         self.config = read_json(path / CONFIG_FILE, required=True)
@@ -244,7 +253,7 @@ class OnnxCausalLM:
                 path,
                 load,
                 tag=tag,
-                options=partial(session_options, threads, ops_library),
+                options=partial(session_options, threads, ops_library, profile),
                 cache_dir=cache_dir,
             )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/... types
