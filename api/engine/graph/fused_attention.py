@@ -4,11 +4,12 @@ The exported attention copies the whole past into `present` and repeats the KV h
 step; `GroupQueryAttention`, with past and present bound to one preallocated buffer
 (`runtime/slot_batch.py`), appends in place, each row's length in `seqlens_k`. A layer's ops
 are found by walking the graph, not by names; the scale moves onto the query (`_layer` says
-why). Plain RoPE is applied by attention from cos/sin caches built here (the graph's rotary ops
-and `position_ids` go); scaled or partial RoPE keeps the graph's own rotary ops, so every
-variant stays exact. Refused (`False`: served as exported) unless every layer matches, the
-graph has `position_ids`, there is no sliding window or soft-capping, and nothing but
-attention reads `attention_mask`. Figures: bench/results/2026-11-26-kernel-notes.md.
+why). RoPE whose frequencies are fixed (the original, linear and Llama 3's scaling) is applied
+by attention from cos/sin caches built here (the graph's rotary ops and `position_ids` go);
+other scalings and partial RoPE keep the graph's own rotary ops, so every variant stays exact.
+Refused (`False`: served as exported) unless every layer matches, the graph has
+`position_ids`, there is no sliding window or soft-capping, and nothing but attention reads
+`attention_mask`. Figures: bench/results/2026-11-26-kernel-notes.md.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def _rewrite(model: onnx.ModelProto, config: dict[str, Any]) -> None:
     outputs = {o.name for o in graph.output}
     heads = int(config.get("num_attention_heads") or config["n_head"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
-    rope = _rope_caches(config) if _plain_rope(config) else None
+    inv_freq = _static_rope(config)
+    rope = _rope_caches(config, inv_freq) if inv_freq is not None else None
     if rope is not None:
         graph.initializer.extend(rope)
         index.constants.update({COS_CACHE: np.empty(0), SIN_CACHE: np.empty(0)})
@@ -269,29 +271,56 @@ def _unrotated(index: _Graph, rotated: str) -> str | None:
     return None
 
 
-def _plain_rope(config: dict[str, Any]) -> bool:
-    """Whether RoPE is the original (no scaling, every dim rotated) on heads ONNX Runtime's
-    rotary kernel takes (a multiple of 16): the caches below are then what the graph computes
-    from the positions."""
-    scaling = config.get("rope_scaling")
-    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
+def _static_rope(config: dict[str, Any]) -> np.ndarray | None:
+    """RoPE's inverse frequencies where they are one fixed vector for every position and every
+    dim is rotated, on heads ONNX Runtime's rotary kernel takes (a multiple of 16): the
+    original, linear scaling and Llama 3's. The caches below are then what the graph computes
+    from the positions. None for the rest (dynamic NTK, YaRN's and LongRoPE's scaled cos/sin,
+    partial rotation), whose graphs keep their own rotary ops."""
+    scaling = config.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
     partial = config.get("partial_rotary_factor", 1.0)
     heads = config.get("num_attention_heads")
-    if not heads or "max_position_embeddings" not in config:
-        return False
+    if not heads or "max_position_embeddings" not in config or partial not in (None, 1, 1.0):
+        return None
     dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    return (scaling is None or kind == "default") and partial in (None, 1, 1.0) and dim % 16 == 0
-
-
-def _rope_caches(config: dict[str, Any]) -> list[onnx.TensorProto]:
-    """cos / sin of position x inverse frequency, [context, head_dim / 2], computed in float32
-    the way transformers' default rotary embedding does."""
-    from onnx import numpy_helper
-
-    dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    if dim % 16 or kind not in ("default", "linear", "llama3"):
+        return None
     base = np.float32(config.get("rope_theta", 10000.0))
     exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
     inv_freq = np.float32(1.0) / np.power(base, exponent, dtype=np.float32)
+    if kind == "linear":
+        return inv_freq / np.float32(scaling["factor"])
+    if kind == "llama3":
+        return _llama3_frequencies(inv_freq, scaling)
+    return inv_freq
+
+
+def _llama3_frequencies(inv_freq: np.ndarray, scaling: dict[str, Any]) -> np.ndarray:
+    """Llama 3.1's: long wavelengths slowed by `factor`, short ones kept, those between
+    blended. In float32, operation for operation as transformers computes them in PyTorch
+    (`x / tensor` there is `reciprocal(tensor) * x`), so the caches hold the same values."""
+    f32 = np.float32
+    factor, low, high = (
+        f32(scaling["factor"]),
+        scaling["low_freq_factor"],
+        scaling["high_freq_factor"],
+    )
+    old_context = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = f32(old_context / low), f32(old_context / high)
+    wavelen = np.reciprocal(inv_freq) * f32(2 * math.pi)
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (np.reciprocal(wavelen) * f32(old_context) - f32(low)) / f32(high - low)
+    smoothed = (f32(1) - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _rope_caches(config: dict[str, Any], inv_freq: np.ndarray) -> list[onnx.TensorProto]:
+    """cos / sin of position x inverse frequency, [context, head_dim / 2], in float32 as
+    transformers' rotary embedding computes them."""
+    from onnx import numpy_helper
+
     positions = np.arange(int(config["max_position_embeddings"]), dtype=np.float32)
     freqs = np.outer(positions, inv_freq).astype(np.float32)
     return [

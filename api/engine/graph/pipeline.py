@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import onnx
 
 # Part of the optimized-graph cache key: bump on any change of the fused edits.
-FUSED_TAG = "gqa-rope-v3+merged-int4"
+FUSED_TAG = "gqa-rope-v4+merged-int4"
 INT4_KERNEL_TAG = "int4-kernel-v5+swiglu+residual"
 INT8_KERNEL_TAG = "int8-kernel-v2+residual+tied-embedding"
 INT8_HEAD_TAG = "int8-head"  # an int4 export's head alone on our op (INT8_KERNEL_TAG's edits)

@@ -18,8 +18,14 @@ from api.engine.graph.fused_attention import fuse_attention
 from api.engine.model.causal_lm import OnnxCausalLM
 from api.engine.runtime.padded_batch import PaddedBatch
 from api.engine.runtime.slot_batch import INITIAL_CAPACITY, SlotBatch
-from tests.engine.conftest import greedy, make_engine, run_steps
-from tests.engine.helpers import prefill_and_decode, random_prompt, tokens_of
+from tests.engine.conftest import TinyExport, greedy, load_make_demo, make_engine, run_steps
+from tests.engine.helpers import (
+    assert_same_tokens,
+    prefill_and_decode,
+    random_prompt,
+    tokens_of,
+    transformers_greedy,
+)
 
 
 @pytest.mark.parametrize(
@@ -35,7 +41,7 @@ def test_attention_is_fused_where_the_graph_allows(tiny_exports, arch: str, fuse
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_attention_applies_plain_rope_itself(tiny_exports, arch: str) -> None:
     """With unscaled RoPE the graph's own rotary ops go, and with them the positions input;
-    a scaled RoPE (here llama3-style) keeps the graph's rotary ops and its position_ids."""
+    a RoPE whose cos/sin are scaled (YaRN's) keeps the graph's rotary ops and position_ids."""
     path = tiny_exports[arch].path
     config = json.loads((path / "config.json").read_text())
     plain = onnx.load(str(path / "model.onnx"))
@@ -44,10 +50,54 @@ def test_attention_applies_plain_rope_itself(tiny_exports, arch: str) -> None:
     assert not any(node.op_type == "Neg" for node in plain.graph.node)
 
     scaled = onnx.load(str(path / "model.onnx"))
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}
-    assert fuse_attention(scaled, config | {"rope_scaling": llama3})
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    assert fuse_attention(scaled, config | {"rope_scaling": yarn})
     assert "position_ids" in {i.name for i in scaled.graph.input}
     assert any(node.op_type == "Neg" for node in scaled.graph.node)
+
+
+# Llama 3.1-3.3's RoPE: with an original context of 64 and head_dim 16, the tiny model's 8
+# frequencies fall in all three of its bands (kept, blended, slowed by `factor`).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+@pytest.fixture(scope="session")
+def llama3_export(tmp_path_factory: pytest.TempPathFactory) -> TinyExport:
+    out = tmp_path_factory.mktemp("export-llama3-rope")
+    model, tokenizer = load_make_demo().make_export(
+        "llama", out, initializer_range=1.0, rope_scaling=LLAMA3_ROPE
+    )
+    return TinyExport("llama3-rope", out, model, tokenizer)
+
+
+def test_llama3_rope_is_applied_by_attention_and_changes_no_token(llama3_export) -> None:
+    """Llama 3's scaled frequencies are fixed, so attention applies them from its caches like
+    the original RoPE's (the graph's rotary ops go): every step's logits equal the graph's as
+    exported, and greedy text is transformers' own, past the original context of 64."""
+    graph = onnx.load(str(llama3_export.path / "model.onnx"))
+    config = json.loads((llama3_export.path / "config.json").read_text())
+    assert config["rope_scaling"]["rope_type"] == "llama3"
+    assert fuse_attention(graph, config)
+    assert "position_ids" not in {i.name for i in graph.graph.input}
+    assert not any(node.op_type == "Neg" for node in graph.graph.node)
+
+    prompt = random_prompt(llama3_export, 70, seed=3)
+    fused = make_engine(llama3_export.path)
+    plain = make_engine(llama3_export.path, fused_attention=False)
+    logits = [prefill_and_decode(engine, prompt, decode_steps=4) for engine in (fused, plain)]
+    for got, want in zip(*logits, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+    engine = make_engine(llama3_export.path)
+    outputs, _ = run_steps(engine, {0: [greedy("solo", prompt, 24)]})
+    want = transformers_greedy(llama3_export, prompt, 24)
+    assert_same_tokens(llama3_export, prompt, tokens_of(outputs["solo"]), want)
 
 
 @pytest.mark.parametrize(
