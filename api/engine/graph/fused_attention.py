@@ -271,6 +271,14 @@ def _unrotated(index: _Graph, rotated: str) -> str | None:
     return None
 
 
+# The scalings whose frequencies are fixed, and the fields each needs.
+_SCALING_FIELDS = {
+    "default": set(),
+    "linear": {"factor"},
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+}
+
+
 def _static_rope(config: dict[str, Any]) -> np.ndarray | None:
     """RoPE's inverse frequencies where they are one fixed vector for every position and every
     dim is rotated, on heads ONNX Runtime's rotary kernel takes (a multiple of 16): the
@@ -284,8 +292,8 @@ def _static_rope(config: dict[str, Any]) -> np.ndarray | None:
     if not heads or "max_position_embeddings" not in config or partial not in (None, 1, 1.0):
         return None
     dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    if dim % 16 or kind not in ("default", "linear", "llama3"):
-        return None
+    if dim % 16 or not _SCALING_FIELDS.get(kind, {"?"}) <= scaling.keys():
+        return None  # a scaling whose frequencies vary, or one missing a field it needs
     base = np.float32(config.get("rope_theta", 10000.0))
     exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
     inv_freq = np.float32(1.0) / np.power(base, exponent, dtype=np.float32)
