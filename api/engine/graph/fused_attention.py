@@ -292,8 +292,9 @@ def _static_rope(config: dict[str, Any]) -> np.ndarray | None:
     if not heads or "max_position_embeddings" not in config or partial not in (None, 1, 1.0):
         return None
     dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    if dim % 16 or not _SCALING_FIELDS.get(kind, {"?"}) <= scaling.keys():
-        return None  # a scaling whose frequencies vary, or one missing a field it needs
+    needs = _SCALING_FIELDS.get(kind)  # None: a scaling whose frequencies vary
+    if dim % 16 or needs is None or not needs <= scaling.keys():
+        return None
     base = np.float32(config.get("rope_theta", 10000.0))
     exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
     inv_freq = np.float32(1.0) / np.power(base, exponent, dtype=np.float32)
