@@ -63,7 +63,6 @@ import contextlib
 import json
 import logging
 import os
-import platform
 import secrets
 import shutil
 import signal
@@ -87,6 +86,7 @@ from api.engine.local_engine import TOKENIZER_FILE, load_chat_template  # noqa: 
 from api.engine.protocol import ChatMessage  # noqa: E402
 from api.engine.text.tokenizer import TokenizerWrapper  # noqa: E402
 from bench.engine import DEFAULT_SHAPE, OUT, SHAPES, build_source, prompt  # noqa: E402
+from bench.host import describe_cpu  # noqa: E402
 from bench.sse_client import SseClient  # noqa: E402
 
 WORK = OUT / "compare"  # the 0.5B shape's; `--shape` S builds and measures in OUT / compare-S
@@ -1182,16 +1182,8 @@ def plot(peers: list[Peer], path: Path, bandwidth: float) -> None:
 
 
 def describe_machine() -> str:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB"
+    return f"{describe_cpu()}, {memory:.0f} GiB"
 
 
 def commit() -> str:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +29,7 @@ from api.engine.local_engine import LocalEngine  # noqa: E402
 from api.engine.protocol import Constraint, GenerationRequest, SamplingParams  # noqa: E402
 from api.engine.runtime.constraints import Grammars  # noqa: E402
 from api.engine.runtime.scheduler import SchedulerLimits  # noqa: E402
+from bench.host import describe_cpu  # noqa: E402
 
 ITEM = {
     "type": "object",
@@ -157,17 +156,6 @@ def compile_times(model: Path, vocab_size: int, eos: list[int], repeats: int) ->
     }
 
 
-def host() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-        name = next(line.split(":", 1)[1].strip() for line in lines if "Model name" in line)
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    import os
-
-    return f"{os.cpu_count()}-core {name}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "demo")
@@ -221,7 +209,7 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a", encoding="utf-8") as file:
             file.write(table + "\n")
-    print(f"host: {host()}", file=sys.stderr)
+    print(f"host: {describe_cpu()}", file=sys.stderr)
     return 0
 
 

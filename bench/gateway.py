@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import datetime as dt
 import os
-import platform
 import re
 import secrets
 import socket
@@ -44,6 +43,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.host import describe_cpu  # noqa: E402
 from bench.load import fund_keys  # noqa: E402
 from models.make_gguf import make_gguf  # noqa: E402
 
@@ -198,9 +198,10 @@ async def measure(
                 await batch(arm, streams, body)
                 if arm is gateway:
                     api_cpu += cpu_seconds(api_pid) - before
-    for round_ in range(args.single_rounds):
-        for arm in noise if round_ % 2 == 0 else noise[::-1]:
-            await batch(arm, 1, body)
+    for streams, rounds in ((1, args.single_rounds), (8, args.rounds)):
+        for round_ in range(rounds):
+            for arm in noise if round_ % 2 == 0 else noise[::-1]:
+                await batch(arm, streams, body)
     short = body | {"max_tokens": 4}  # time to first token: more requests, each short
     arms = [direct, gateway] + ([earlier] if earlier else [])
     if earlier is not None:  # its first request warms it, as the rounds above warmed HEAD's
@@ -233,14 +234,6 @@ def report(
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
     load = os.getloadavg()
     start = args.load_at_start
     rows = []
@@ -250,11 +243,12 @@ def report(
         rows.append(
             f"| {streams} | {rounds} | {d:.1f} | {g:.1f} | {paired(direct, gateway, streams)} |"
         )
-    a, b = (statistics.median(arm.rates[1]) for arm in noise)
-    rows.append(
-        f"| 1, direct against direct (A/A) | {len(noise[0].rates[1])} | {a:.1f} | {b:.1f} | "
-        f"{paired(*noise, 1)} |"
-    )
+    for streams in (1, 8):
+        a, b = (statistics.median(arm.rates[streams]) for arm in noise)
+        rows.append(
+            f"| {streams}, direct against direct (A/A) | {len(noise[0].rates[streams])} | "
+            f"{a:.1f} | {b:.1f} | {paired(*noise, streams)} |"
+        )
     d50, g50 = statistics.median(direct.ttft), statistics.median(gateway.ttft)
     per_token = api_cpu / gateway.tokens * 1e6
     against = []
@@ -273,7 +267,7 @@ def report(
             f"Commit {commit}; `bench/gateway.py --tokens {args.tokens} --rounds {args.rounds} "
             f"--single-rounds {args.single_rounds} "
             f"--hidden {args.hidden} --layers {args.layers} --ttft-requests {args.ttft_requests}`; "
-            f"{cpu}, {os.cpu_count()} CPUs, load average at the start {start[0]:.1f}/"
+            f"{describe_cpu()}, load average at the start {start[0]:.1f}/"
             f"{start[1]:.1f}/{start[2]:.1f}, at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
             "(the host is shared).",
             "Upstream: llama-cpp-python's server, one thread, a random-weight GGUF of the demo "
@@ -301,9 +295,11 @@ def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=12, help="paired rounds of 8 streams")
     parser.add_argument(
-        "--single-rounds", type=int, default=30, help="paired rounds of 1 stream, and of A/A"
+        "--rounds", type=int, default=12, help="paired rounds of 8 streams (and of its A/A)"
+    )
+    parser.add_argument(
+        "--single-rounds", type=int, default=30, help="paired rounds of 1 stream (and of its A/A)"
     )
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -53,6 +52,7 @@ from bench.compare import (  # noqa: E402
     read_bandwidth,
 )
 from bench.engine import build_source, prompt  # noqa: E402
+from bench.host import describe_cpu  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 # name -> (prompt, temperature); "own text" is filled in from a plain greedy run
@@ -173,19 +173,11 @@ def report(
 ) -> str:
     floor = bandwidth[0] * 1e9 / step_bytes
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
     lines = [
         f"# Prompt-lookup speculative decoding, one stream ({datetime.date.today()})",
         "",
         f"Commit {head_commit()[:7]}; `bench/speculative.py --tokens {args.tokens} --rounds "
-        f"{args.rounds}`; {cpu}, {len(os.sched_getaffinity(0))} CPUs, "
+        f"{args.rounds}`; {describe_cpu()}, "
         f"load average at the end {load}.",
         f"Model: `{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` "
         f"({'int4, random weights, Qwen2.5-0.5B' if args.model is None else 'as given'}), our "
