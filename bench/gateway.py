@@ -11,7 +11,9 @@ paired rounds, one batch a side in alternating order, each round's ratio one rea
 for direct against direct (A/A), which shows how far two readings of one thing differ on this
 host; the API process's CPU per streamed token (/proc utime+stime); then time to the first
 token over `--ttft-requests` short requests each, alternating. llama-cpp-python serves one
-request at a time, so 8 streams queue there, direct and through alike. Writes
+request at a time, so 8 streams queue there, direct and through alike. A third arm in every
+round, `bench/byte_proxy.py`, forwards bytes and does nothing else: its ratio is what an extra
+hop costs on this host, where client, upstream and proxy share the CPUs. Writes
 bench/results/<date>-gateway-<host>.md.
 
 `--against REF` also serves an earlier commit (a git worktree of REF, on PYTHONPATH, with a
@@ -174,11 +176,13 @@ async def measure(
     gateway: Arm,
     noise: tuple[Arm, Arm],
     api_pid: int,
+    proxy: Arm,
     earlier: Arm | None = None,
 ) -> float:
-    """Paired rounds: each round runs one batch a side, in alternating order, and its ratio is
-    one reading, so a drift of the host's speed between rounds cancels out. A/A rounds (direct
-    against direct) give the noise floor of those readings."""
+    """Paired rounds: each round runs one batch of each arm (direct, through Tokenshop, through
+    the byte proxy), in rotating order, and each arm's ratio to direct is one reading, so a
+    drift of the host's speed between rounds cancels out. A/A rounds (direct against direct)
+    give the noise floor of those readings; the byte proxy, what any extra hop costs here."""
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "Hello there, how are the tokens today?"}],
@@ -186,14 +190,16 @@ async def measure(
         "temperature": 0,
         "stream": True,
     }
-    for arm in (direct, gateway):  # warm both paths
+    arms = (direct, gateway, proxy)
+    for arm in arms:  # warm every path
         await batch(arm, 1, body)
         arm.rates.clear()
         arm.tokens = 0
     api_cpu = 0.0
     for streams, rounds in ((1, args.single_rounds), (8, args.rounds)):
         for round_ in range(rounds):
-            for arm in (direct, gateway) if round_ % 2 == 0 else (gateway, direct):
+            turn = round_ % len(arms)
+            for arm in arms[turn:] + arms[:turn]:
                 before = cpu_seconds(api_pid)
                 await batch(arm, streams, body)
                 if arm is gateway:
@@ -203,11 +209,12 @@ async def measure(
             for arm in noise if round_ % 2 == 0 else noise[::-1]:
                 await batch(arm, streams, body)
     short = body | {"max_tokens": 4}  # time to first token: more requests, each short
-    arms = [direct, gateway] + ([earlier] if earlier else [])
+    ttft_arms = [direct, gateway] + ([earlier] if earlier else [])
     if earlier is not None:  # its first request warms it, as the rounds above warmed HEAD's
         await stream_once(earlier.port, short, earlier.key)
     for turn in range(args.ttft_requests):
-        for arm in arms[turn % len(arms) :] + arms[: turn % len(arms)]:
+        first = turn % len(ttft_arms)
+        for arm in ttft_arms[first:] + ttft_arms[:first]:
             stream = await stream_once(arm.port, short, arm.key)
             arm.ttft.append(stream.first - stream.sent)
     return api_cpu
@@ -229,6 +236,7 @@ def report(
     gateway: Arm,
     noise: tuple[Arm, Arm],
     api_cpu: float,
+    proxy: Arm,
     earlier: Arm | None = None,
 ) -> str:
     commit = subprocess.run(
@@ -241,12 +249,19 @@ def report(
         d, g = statistics.median(direct.rates[streams]), statistics.median(gateway.rates[streams])
         rounds = len(direct.rates[streams])
         rows.append(
-            f"| {streams} | {rounds} | {d:.1f} | {g:.1f} | {paired(direct, gateway, streams)} |"
+            f"| {streams}, Tokenshop | {rounds} | {d:.1f} | {g:.1f} | "
+            f"{paired(direct, gateway, streams)} |"
+        )
+    for streams in (1, 8):
+        d, p = statistics.median(direct.rates[streams]), statistics.median(proxy.rates[streams])
+        rows.append(
+            f"| {streams}, byte proxy | {len(proxy.rates[streams])} "
+            f"| {d:.1f} | {p:.1f} | {paired(direct, proxy, streams)} |"
         )
     for streams in (1, 8):
         a, b = (statistics.median(arm.rates[streams]) for arm in noise)
         rows.append(
-            f"| {streams}, direct against direct (A/A) | {len(noise[0].rates[streams])} | "
+            f"| {streams}, direct again (A/A) | {len(noise[0].rates[streams])} | "
             f"{a:.1f} | {b:.1f} | {paired(*noise, streams)} |"
         )
     d50, g50 = statistics.median(direct.ttft), statistics.median(gateway.ttft)
@@ -272,10 +287,13 @@ def report(
             "(the host is shared).",
             "Upstream: llama-cpp-python's server, one thread, a random-weight GGUF of the demo "
             "tokenizer; Tokenshop: `tokenshop serve`, one worker, SQLite, the models file naming "
-            "that server with `tokenizer = models/demo`. Each round runs a batch direct and one "
-            "through, in alternating order; tok/s are medians of the rounds.",
+            "that server with `tokenizer = models/demo`; the control, `bench/byte_proxy.py`, a "
+            "proxy that forwards bytes and nothing else (what any extra hop costs on this "
+            "host). Each round runs a batch direct, one through Tokenshop and one through the "
+            "byte proxy, in rotating order; an A/A round, two batches direct; tok/s are medians "
+            "of the rounds.",
             "",
-            "| streams | rounds | direct tok/s | through Tokenshop tok/s | ratio: median of the "
+            "| streams, through | rounds | direct tok/s | through tok/s | ratio: median of the "
             "rounds' (middle half) |",
             "|---|---|---|---|---|",
             *rows,
@@ -343,6 +361,17 @@ def main() -> None:
         try:
             api, api_port, key = start_api(work / "head", models, ROOT)
             servers.append(api)
+            proxy_port = free_port()
+            servers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(ROOT / "bench" / "byte_proxy.py"),
+                        str(proxy_port),
+                        str(upstream_port),
+                    ]
+                )  # fmt: skip
+            )
             if args.against:
                 checkout = work / "against"
                 subprocess.run(
@@ -355,13 +384,15 @@ def main() -> None:
                 servers.append(process)
                 earlier = Arm(f"through Tokenshop at {args.against}", port, earlier_key)
             wait_for(f"{upstream}/models", llama)
+            wait_for(f"http://127.0.0.1:{proxy_port}/v1/models", servers[1])
             wait_for(f"http://127.0.0.1:{api_port}/ready", api)
             if earlier is not None:
                 wait_for(f"http://127.0.0.1:{earlier.port}/ready", servers[-1])
             direct = Arm("direct", upstream_port, None)
             gateway = Arm("through Tokenshop", api_port, key)
             noise = (Arm("direct", upstream_port, None), Arm("direct again", upstream_port, None))
-            api_cpu = asyncio.run(measure(args, direct, gateway, noise, api.pid, earlier))
+            proxy = Arm("through a byte-forwarding proxy", proxy_port, None)
+            api_cpu = asyncio.run(measure(args, direct, gateway, noise, api.pid, proxy, earlier))
         finally:
             for process in servers + ([llama] if llama is not None else []):
                 process.terminate()
@@ -372,7 +403,7 @@ def main() -> None:
                     cwd=ROOT,
                     capture_output=True,
                 )
-    text = report(args, direct, gateway, noise, api_cpu, earlier)
+    text = report(args, direct, gateway, noise, api_cpu, proxy, earlier)
     print(text)
     out = args.out or results_path("gateway")
     out.write_text(text)
