@@ -51,13 +51,20 @@ def test_the_documented_example_reads_as_written(tmp_path, monkeypatch):
     assert prices == {"demo": Price(0.5, 0.5), "llama-70b": Price(1.0, 3.0)}
 
 
-def test_the_models_files_in_the_docs_work_as_printed(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("doc", "models"),
+    [
+        ("README.md", [["demo", "llama-70b"]]),
+        ("docs/upstreams.md", [["demo", "llama-70b"], ["tiny"]]),
+    ],
+)
+def test_the_models_files_in_the_docs_work_as_printed(tmp_path, monkeypatch, doc, models):
     monkeypatch.setenv("VLLM_API_KEY", "sk-vllm-secret")
     monkeypatch.chdir(ROOT)
-    docs = (ROOT / "docs" / "upstreams.md").read_text()
-    blocks = [part.split("```")[0] for part in docs.split("```toml\n")[1:]]
+    text = (ROOT / doc).read_text()
+    blocks = [part.split("```")[0] for part in text.split("```toml\n")[1:]]
     names = [[m.name for m in read_models_file(write(tmp_path, block))] for block in blocks]
-    assert names == [["demo", "llama-70b"], ["tiny"]]
+    assert names == models
 
 
 def test_upstream_model_defaults_to_the_name(tmp_path):
