@@ -7,7 +7,7 @@ It builds a random-weight GGUF (models/make_gguf.py, the demo tokenizer), starts
 server on it (`--interrupt_requests False`, one thread) and `tokenshop serve` with a models file
 naming it (tokenizer configured: that server's streams carry no usage), then measures, at 1 and
 8 concurrent streams: streamed tokens/s (all streams' tokens over the batch's wall time) in
-paired rounds, one batch a side in alternating order, each round's ratio one reading; the same
+rounds of one batch an arm in rotating order, each round's ratio to direct one reading; the same
 for direct against direct (A/A), which shows how far two readings of one thing differ on this
 host; the API process's CPU per streamed token (/proc utime+stime); then time to the first
 token over `--ttft-requests` short requests each, alternating. llama-cpp-python serves one
