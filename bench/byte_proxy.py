@@ -56,6 +56,9 @@ async def _serve(listen: int, upstream: int) -> None:
             except OSError:
                 self.transport.close()
                 return
+            if self.transport.is_closing():  # the client left while this connected
+                upstream_transport.close()
+                return
             side.peer = self.transport
             for data in self.early:
                 upstream_transport.write(data)
