@@ -362,16 +362,11 @@ def main() -> None:
             api, api_port, key = start_api(work / "head", models, ROOT)
             servers.append(api)
             proxy_port = free_port()
-            servers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(ROOT / "bench" / "byte_proxy.py"),
-                        str(proxy_port),
-                        str(upstream_port),
-                    ]
-                )  # fmt: skip
+            byte_proxy = ROOT / "bench" / "byte_proxy.py"
+            proxy_process = subprocess.Popen(
+                [sys.executable, str(byte_proxy), str(proxy_port), str(upstream_port)]
             )
+            servers.append(proxy_process)
             if args.against:
                 checkout = work / "against"
                 subprocess.run(
@@ -384,7 +379,7 @@ def main() -> None:
                 servers.append(process)
                 earlier = Arm(f"through Tokenshop at {args.against}", port, earlier_key)
             wait_for(f"{upstream}/models", llama)
-            wait_for(f"http://127.0.0.1:{proxy_port}/v1/models", servers[1])
+            wait_for(f"http://127.0.0.1:{proxy_port}/v1/models", proxy_process)
             wait_for(f"http://127.0.0.1:{api_port}/ready", api)
             if earlier is not None:
                 wait_for(f"http://127.0.0.1:{earlier.port}/ready", servers[-1])

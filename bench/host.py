@@ -8,7 +8,7 @@ import os
 import platform
 from pathlib import Path
 
-_UNITS = (("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"), ("amx_tile", "AMX"))
+_UNITS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"), ("amx_tile", "AMX"))
 
 
 def describe_cpu() -> str:
@@ -22,8 +22,7 @@ def describe_cpu() -> str:
         pass
     name = fields.get("model name") or platform.processor() or "unknown CPU"
     flags = set(fields.get("flags", "").split())
-    units = ["AVX2"] if "avx2" in flags else []
-    units += [label for flag, label in _UNITS if flag in flags]
+    units = [label for flag, label in _UNITS if flag in flags]
     detail = []
     if "cpu family" in fields:
         detail.append(f"family {fields['cpu family']} model {fields.get('model', '?')}")
