@@ -49,6 +49,8 @@ class Account(SQLModel, table=True):
     # the code in this buyer's referral link, /start ref_<code>
     referral_code: str | None = Field(default=None, max_length=32, unique=True, index=True)
     blocked_at: datetime | None = None  # the user blocked the bot: no notices until unblocked
+    # the bot asked this buyer to write to support: their next plain message goes to operators
+    support_prompt_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
 
 
