@@ -2,7 +2,13 @@
 
 BillingError
 ├── InvalidKey              malformed, unknown key (rejected before any lookup when malformed)
-│   └── RevokedKey          a key that was rotated or revoked
+│   ├── RevokedKey          a key that was rotated or revoked
+│   └── KeyExpired          a key past the expiry its owner set
+├── KeyLimitError           a key's own limits refuse the request (`billing.key_limits`)
+│   ├── KeyLimitReached     its spend limit for the period cannot cover the request
+│   ├── KeyRateLimited      its requests or tokens per minute are used up
+│   └── ModelNotAllowed     its model list leaves out the model asked for
+├── InvalidLimits           limits that cannot be set (unknown period, negative number, ...)
 ├── KeyNotFound             a key id that is not a live key of the account
 ├── TooManyKeys             an account at its cap of live keys asks for another
 ├── AccountNotFound         no account with that id / Telegram id
@@ -16,6 +22,8 @@ BillingError
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 
 class BillingError(Exception):
@@ -34,6 +42,70 @@ class RevokedKey(InvalidKey):
 
     def __init__(self) -> None:
         super().__init__("This API key has been revoked.")
+
+
+class KeyExpired(InvalidKey):
+    """Raised when a presented key is past its expiry time (an API's 401, as any unusable key)."""
+
+    def __init__(self, expires_at: datetime) -> None:
+        super().__init__(f"This API key expired at {expires_at:%Y-%m-%d %H:%M} UTC.")
+        self.expires_at = expires_at
+
+
+class KeyLimitError(BillingError):
+    """Base of the refusals a key's own limits make; the account may still have tokens."""
+
+
+class KeyLimitReached(KeyLimitError):
+    """Raised when a key's spend limit, less what it spent this period and holds, is below what
+    the request needs at the least. Retrying before `resets_at` (None: never) cannot help."""
+
+    def __init__(
+        self, *, limit: int, period: str, spent: int, needed: int, resets_at: datetime | None
+    ) -> None:
+        when = f"it resets at {resets_at:%Y-%m-%d %H:%M} UTC" if resets_at else "it does not reset"
+        span = "in all" if period == "total" else f"per {PERIOD_NOUNS.get(period, period)}"
+        super().__init__(
+            f"This key's spend limit of {limit} tokens {span} is reached: {spent} spent, and "
+            f"this request needs at least {needed} more; {when}."
+        )
+        self.limit = limit
+        self.period = period
+        self.spent = spent
+        self.needed = needed
+        self.resets_at = resets_at
+
+
+PERIOD_NOUNS = {"daily": "day", "weekly": "week", "monthly": "month"}
+
+
+class KeyRateLimited(KeyLimitError):
+    """Raised when a key has made its requests per minute (`kind` "requests") or used its
+    tokens per minute ("tokens"); `retry_after` is the whole seconds until its minute ends."""
+
+    def __init__(self, *, kind: str, limit: int, retry_after: int) -> None:
+        super().__init__(
+            f"Rate limit reached for this key: {limit} {kind} per minute. "
+            f"Retry after {retry_after} s."
+        )
+        self.kind = kind
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+class ModelNotAllowed(KeyLimitError):
+    """Raised when a key's model list does not include the model asked for."""
+
+    def __init__(self, model: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(
+            f"This key may not use the model '{model}'; it may use: {', '.join(allowed)}."
+        )
+        self.model = model
+        self.allowed = allowed
+
+
+class InvalidLimits(BillingError):
+    """Raised when limits cannot be set: an unknown period, a negative number, a bad date."""
 
 
 class KeyNotFound(BillingError):

@@ -7,6 +7,9 @@ leaked database reveals no usable key, yet the bot can show the buyer their key 
 
 An account holds up to `MAX_LIVE_KEYS` named keys. Every change to an account's keys locks the
 account row first, so two changes at once (two rotations, a creation racing the cap) take turns.
+Each key is issued with a row of limits (`billing.key_limits`, the operator's defaults), which
+its successor inherits when it is rotated: the spend and limits belong to the key's place, not to
+its secret.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ import re
 import secrets
 import zlib
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
+from billing import key_limits
 from billing.errors import AccountNotFound, InvalidKey, KeyNotFound, RevokedKey, TooManyKeys
+from billing.key_limits import KeyDefaults
 from billing.ledger import lock_account
-from billing.models import Account, ApiKey, utcnow
+from billing.models import Account, ApiKey, KeyLimit, utcnow
 
 KEY_PREFIX = "sk-tks-"
 SECRET_LENGTH = 40
@@ -40,10 +46,19 @@ _KEY_PATTERN = re.compile(
 
 @dataclass(frozen=True)
 class KeyIdentity:
-    """Who a valid key belongs to."""
+    """Who a valid key belongs to, and the limits the API checks before it holds any tokens
+    (the hold checks them again, as they are in the database then)."""
 
     account_id: int
     key_id: int
+    expires_at: datetime | None = None
+    models: tuple[str, ...] = ()
+
+    def check(self, *, model: str | None = None, now: datetime | None = None) -> None:
+        """Raise KeyExpired past the expiry, ModelNotAllowed for a model outside the list."""
+        key_limits.check_expiry(self.expires_at, now or utcnow())
+        if model is not None:
+            key_limits.check_model(self.models, model)
 
 
 def _base62(number: int, width: int) -> str:
@@ -81,18 +96,30 @@ def mask_key(key: str) -> str:
     return f"{KEY_PREFIX}…{key[-HINT_LENGTH:]}"
 
 
-def authenticate(*, session: Session, key: str) -> KeyIdentity:
-    """Find the live key; raises InvalidKey (malformed or unknown) or RevokedKey."""
+def authenticate(*, session: Session, key: str, now: datetime | None = None) -> KeyIdentity:
+    """Find the live key; raises InvalidKey (malformed or unknown), RevokedKey or KeyExpired."""
     if not is_well_formed(key):
         raise InvalidKey()
     presented_hash = hash_key(key)
-    row = session.exec(select(ApiKey).where(ApiKey.key_hash == presented_hash)).first()
-    if row is None or not hmac.compare_digest(row.key_hash, presented_hash):
+    found = session.exec(
+        select(ApiKey, KeyLimit)
+        .outerjoin(KeyLimit, col(KeyLimit.id) == ApiKey.limit_id)
+        .where(ApiKey.key_hash == presented_hash)
+    ).first()
+    if found is None or not hmac.compare_digest(found[0].key_hash, presented_hash):
         raise InvalidKey()
+    row, limits = found
     if row.revoked_at is not None:
         raise RevokedKey()
     assert row.id is not None
-    return KeyIdentity(account_id=row.account_id, key_id=row.id)
+    identity = KeyIdentity(
+        account_id=row.account_id,
+        key_id=row.id,
+        expires_at=limits.expires_at if limits else None,
+        models=key_limits.split_models(limits.models) if limits else (),
+    )
+    identity.check(now=now)
+    return identity
 
 
 def live_keys(*, session: Session, account_id: int) -> list[ApiKey]:
@@ -123,23 +150,35 @@ def key_of(*, session: Session, account_id: int, key_id: int, secret_key: bytes)
     return derive_key(secret_key, _live(session, account_id, key_id).salt)
 
 
-def ensure_key(*, session: Session, account_id: int, secret_key: bytes) -> tuple[str, bool]:
-    """The live key, issuing one if the account has none; the flag says whether it is new."""
+def ensure_key(
+    *, session: Session, account_id: int, secret_key: bytes, defaults: KeyDefaults | None = None
+) -> tuple[str, bool]:
+    """The live key, issuing one if the account has none (with the operator's `defaults`
+    limits); the flag says whether it is new."""
     lock_account(session, account_id)  # two first purchases at once issue one key
     existing = show_key(session=session, account_id=account_id, secret_key=secret_key)
     if existing is not None:
         return existing, False
-    return _issue(session=session, account_id=account_id, secret_key=secret_key), True
+    return _issue(
+        session=session, account_id=account_id, secret_key=secret_key, defaults=defaults
+    ), True
 
 
 def create_key(
-    *, session: Session, account_id: int, secret_key: bytes, name: str = DEFAULT_NAME
+    *,
+    session: Session,
+    account_id: int,
+    secret_key: bytes,
+    name: str = DEFAULT_NAME,
+    defaults: KeyDefaults | None = None,
 ) -> tuple[ApiKey, str]:
     """A new named key beside the others; raises TooManyKeys at `MAX_LIVE_KEYS`."""
     lock_account(session, account_id)
     if len(live_keys(session=session, account_id=account_id)) >= MAX_LIVE_KEYS:
         raise TooManyKeys(f"An account can hold {MAX_LIVE_KEYS} live keys; revoke one first.")
-    key = _issue(session=session, account_id=account_id, secret_key=secret_key, name=name)
+    key = _issue(
+        session=session, account_id=account_id, secret_key=secret_key, name=name, defaults=defaults
+    )
     row = session.exec(select(ApiKey).where(col(ApiKey.key_hash) == hash_key(key))).one()
     return row, key
 
@@ -155,8 +194,9 @@ def rename_key(*, session: Session, account_id: int, key_id: int, name: str) -> 
 def rotate_key(
     *, session: Session, account_id: int, secret_key: bytes, key_id: int | None = None
 ) -> str:
-    """Replace one key (by default the oldest live one) with a new key of the same name, in one
-    transaction; with no live key, issue one. Raises KeyNotFound for a key that is not live."""
+    """Replace one key (by default the oldest live one) with a new key of the same name, limits
+    and spend, in one transaction; with no live key, issue one. Raises KeyNotFound for a key
+    that is not live."""
     lock_account(session, account_id)
     row = (
         _live(session, account_id, key_id)
@@ -168,7 +208,13 @@ def rotate_key(
     assert row.id is not None
     if not _revoke(session, account_id, row.id):
         raise KeyNotFound("That key was revoked meanwhile.")
-    return _issue(session=session, account_id=account_id, secret_key=secret_key, name=row.name)
+    return _issue(
+        session=session,
+        account_id=account_id,
+        secret_key=secret_key,
+        name=row.name,
+        limit_id=row.limit_id,
+    )
 
 
 def revoke_key(*, session: Session, account_id: int, key_id: int | None = None) -> bool:
@@ -200,10 +246,22 @@ def _live(session: Session, account_id: int, key_id: int) -> ApiKey:
 
 
 def _issue(
-    *, session: Session, account_id: int, secret_key: bytes, name: str = DEFAULT_NAME
+    *,
+    session: Session,
+    account_id: int,
+    secret_key: bytes,
+    name: str = DEFAULT_NAME,
+    defaults: KeyDefaults | None = None,
+    limit_id: int | None = None,
 ) -> str:
+    """A new key row; its limits are `limit_id`'s (a rotation) or a new row of `defaults`."""
     if session.get(Account, account_id) is None:
         raise AccountNotFound(f"No account {account_id}.")
+    if limit_id is None:
+        limits = key_limits.new_row(account_id=account_id, defaults=defaults, now=utcnow())
+        session.add(limits)
+        session.flush()
+        limit_id = limits.id
     salt = secrets.token_hex(16)
     key = derive_key(secret_key, salt)
     session.add(
@@ -213,6 +271,7 @@ def _issue(
             salt=salt,
             key_hash=hash_key(key),
             hint=key[-HINT_LENGTH:],
+            limit_id=limit_id,
         )
     )
     session.flush()

@@ -23,6 +23,7 @@ from sqlalchemy import bindparam, func, insert, or_, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
+from billing import key_limits
 from billing.errors import InsufficientBalance, InvalidAmount, PurchaseNotFound, TooManyRequests
 from billing.locks import db_now, lock_accounts
 from billing.models import Account, ApiProcess, Hold, LedgerEntry, Purchase, utcnow
@@ -60,9 +61,13 @@ _CHECKPOINT = (
     )
     .values(used=bindparam("tokens"), expires_at=bindparam("expiry"))
 )
-_OPEN_HOLD = sa_select(col(Hold.account_id), col(Hold.amount), col(Hold.model)).where(
-    col(Hold.id) == bindparam("hold_id"), col(Hold.state) == "held"
-)
+_OPEN_HOLD = sa_select(
+    col(Hold.account_id),
+    col(Hold.amount),
+    col(Hold.model),
+    col(Hold.key_limit_id),
+    col(Hold.created_at),
+).where(col(Hold.id) == bindparam("hold_id"), col(Hold.state) == "held")
 _RESOLVE_HOLD = (
     update(Hold)
     .where(col(Hold.id) == bindparam("hold_id"), col(Hold.state) == "held")
@@ -149,18 +154,34 @@ def hold(
     limit: int | None = None,
     owner: str | None = None,
     key_id: int | None = None,
+    now: datetime | None = None,
 ) -> Hold:
     """Reserve `min(available, max_tokens)` tokens, or raise InsufficientBalance below `min_tokens`,
     or TooManyRequests when the account already has `limit` holds open.
 
     The caller caps the generation to `hold.amount`, so a request can never cost more than
     it reserved. `owner` is the placing process's lease id; `key_id` the key that asked (its
-    usage is that key's).
+    usage is that key's): its own limits (`billing.key_limits`) may refuse the hold or make it
+    smaller, and the hold is reserved from them too. `now` is the clock the key's periods and
+    minutes are counted by (the database's by default); expiries always use the database's.
     """
     if min_tokens <= 0 or max_tokens < min_tokens:
         raise InvalidAmount(f"Bad hold bounds {min_tokens}..{max_tokens}.")
     session.flush()  # what the caller added goes first, as the ORM's autoflush would
     connection = session.connection()
+    room = None
+    if key_id is not None:
+        room = key_limits.room(
+            session=session,
+            key_id=key_id,
+            account_id=account_id,
+            model=model,
+            min_tokens=min_tokens,
+            max_tokens=max_tokens,
+            now=now or db_now(session),
+        )
+        if room is not None:
+            max_tokens = room.most
     slots = UNLIMITED if limit is None else limit
     available = 0
     for _ in range(HOLD_ATTEMPTS):
@@ -174,7 +195,9 @@ def hold(
             _RESERVE, {"account_id": account_id, "tokens": amount, "slots": slots}
         )
         if reserved.rowcount == 1:
-            now = db_now(session)
+            at = db_now(session)
+            if room is not None:
+                key_limits.take(session=session, room=room, tokens=amount)
             # a plain value, inserted by statement: the ORM's constructor took 80 us, as
             # long as the hold's statements together (nothing adds it to a session)
             row = Hold.model_construct(
@@ -182,10 +205,11 @@ def hold(
                 account_id=account_id,
                 amount=amount,
                 model=model,
-                created_at=now,
-                expires_at=now + ttl,
+                created_at=now or at,  # the clock of the key's periods: which one it counts in
+                expires_at=at + ttl,
                 owner=owner,
                 key_id=key_id,
+                key_limit_id=room.limit_id if room is not None else None,
             )
             connection.execute(_INSERT_HOLD, row.model_dump())
             return row
@@ -274,7 +298,7 @@ def _resolve(
     row = connection.execute(_OPEN_HOLD, {"hold_id": hold_id}).one_or_none()
     if row is None:
         return None
-    account_id, amount, model = row
+    account_id, amount, model, key_limit_id, created_at = row
     lock_account(session, account_id)
     charge = max(0, min(cost, amount))
     changed = connection.execute(
@@ -286,6 +310,14 @@ def _resolve(
     connection.execute(
         _SETTLE_ACCOUNT, {"account_id": account_id, "amount": amount, "charge": charge}
     )
+    if key_limit_id is not None:
+        key_limits.resolved(
+            session=session,
+            limit_id=key_limit_id,
+            amount=amount,
+            charge=charge,
+            created_at=created_at,
+        )
     values = LedgerEntry.model_construct(  # plain values, as the hold's (`hold`)
         account_id=account_id,
         kind="usage",
@@ -428,6 +460,7 @@ def audit(*, session: Session, now: datetime | None = None) -> list[str]:
         "and is still open"
         for hold_id, account_id, expires_at in expired
     )
+    problems.extend(key_limits.audit(session=session))
     return problems
 
 

@@ -68,6 +68,47 @@ class ApiKey(SQLModel, table=True):
     hint: str = Field(max_length=8)  # last characters, for the masked form
     created_at: datetime = Field(default_factory=utcnow)
     revoked_at: datetime | None = None
+    # its limits and spend (`billing.key_limits`), shared with the keys it was rotated from
+    limit_id: int | None = Field(default=None, foreign_key="key_limit.id", index=True)
+
+
+class KeyLimit(SQLModel, table=True):
+    """A key's limits and what it has spent against them (`billing.key_limits`). A rotated key's
+    successor points at the same row, so rotating a key keeps its spend. `held` and `spent` move
+    with the key's holds, under the same guarded UPDATEs as the account's (`billing.ledger`)."""
+
+    __tablename__ = "key_limit"
+    __table_args__ = (
+        CheckConstraint("held >= 0 AND spent >= 0 AND spent_total >= 0", name="ck_key_limit_sums"),
+        CheckConstraint(
+            "period IN ('daily', 'weekly', 'monthly', 'total')", name="ck_key_limit_period"
+        ),
+        CheckConstraint(
+            "(spend_limit IS NULL OR spend_limit >= 0) AND (rpm IS NULL OR rpm > 0) "
+            "AND (tpm IS NULL OR tpm > 0)",
+            name="ck_key_limit_values",
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="account.id", index=True)
+    spend_limit: int | None = Field(default=None, sa_type=TOKENS)  # None: the balance's
+    period: str = Field(default="total", max_length=16)  # when `spent` starts again from 0
+    period_start: datetime | None = None  # the period `spent` belongs to (None: total)
+    spent: int = Field(default=0, sa_type=TOKENS)  # billed this period
+    held: int = Field(default=0, sa_type=TOKENS)  # reserved by the key's open holds
+    spent_total: int = Field(default=0, sa_type=TOKENS)  # billed ever; checked by `audit`
+    expires_at: datetime | None = None
+    models: str | None = Field(default=None, max_length=1024)  # comma-separated; None: all
+    rpm: int | None = None  # requests per minute
+    tpm: int | None = Field(default=None, sa_type=TOKENS)  # tokens per minute
+    window_start: datetime | None = None  # the minute RPM and TPM count in
+    window_requests: int = 0
+    window_tokens: int = Field(default=0, sa_type=TOKENS)  # held and billed in that minute
+    alert_level: int = 0  # percent of the limit last announced this period (0, 80, 100)
+    alert_period: datetime | None = None  # the period `alert_level` belongs to
+    expiry_alerted_for: datetime | None = None  # the expiry time the buyer was warned of
+    updated_at: datetime = Field(default_factory=utcnow)
 
 
 class Order(SQLModel, table=True):
@@ -151,6 +192,7 @@ class Hold(SQLModel, table=True):
     model: str | None = Field(default=None, max_length=255)
     # the key that asked; its usage entry (request_id = this id) is that key's usage
     key_id: int | None = Field(default=None, index=True)  # an api_key.id; keys are never deleted
+    key_limit_id: int | None = Field(default=None, index=True)  # the key's `KeyLimit`
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime = Field(index=True)
     resolved_at: datetime | None = None

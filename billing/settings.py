@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from billing.errors import InvalidLimits
+from billing.key_limits import KeyDefaults, parse_defaults
 from billing.packs import Pack, parse_catalog
 from billing.prices import Price, parse_model_prices, price_table
 
@@ -40,6 +42,9 @@ class BillingSettings(BaseSettings):
     # one multiplier for prompt and completion) price every request, and the bot shows them.
     models_file: str | None = None
     model_prices: str = ""
+    # Limits every new key starts with (docs/keys.md), e.g. "spend 100000 daily; rpm 60;
+    # expires 90d"; a buyer or operator changes them per key. Empty: none.
+    key_default_limits: str = ""
 
     @model_validator(mode="after")
     def _require_real_secret_in_production(self) -> BillingSettings:
@@ -57,6 +62,18 @@ class BillingSettings(BaseSettings):
     def _packs_parse(cls, value: str | None) -> str | None:
         parse_catalog(value)
         return value
+
+    @field_validator("key_default_limits")
+    @classmethod
+    def _key_defaults_parse(cls, value: str) -> str:
+        try:
+            parse_defaults(value)
+        except InvalidLimits as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+    def key_defaults(self) -> KeyDefaults | None:
+        return parse_defaults(self.key_default_limits)
 
     @field_validator("model_prices")
     @classmethod
