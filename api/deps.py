@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.books import Books
-from api.errors import missing_key
+from api.errors import OpenAIError, missing_key
 from api.services import Services
 from api.serving.chat import ChatService
+from api.serving.miniapp import AppUser, MiniApp
 from api.serving.responses import ResponsesService
 
 _bearer = HTTPBearer(auto_error=False, description="Your Tokenshop API key (sk-tks-...)")
@@ -66,3 +67,34 @@ async def require_key(
 
 
 KeyDep = Annotated[Caller, Depends(require_key)]
+
+
+async def get_miniapp(services: ServicesDep) -> MiniApp:
+    return services.miniapp
+
+
+MiniAppDep = Annotated[MiniApp, Depends(get_miniapp)]
+
+
+async def require_app_user(
+    miniapp: MiniAppDep,
+    authorization: Annotated[
+        str | None, Header(description="`tma <initData>` or `Bearer <session token>`")
+    ] = None,
+) -> AppUser:
+    """The Mini App's caller, by Telegram's initData or the session it was exchanged for."""
+    return await miniapp.authenticate(authorization)
+
+
+AppUserDep = Annotated[AppUser, Depends(require_app_user)]
+
+
+async def require_operator(user: AppUserDep) -> AppUser:
+    if not user.operator:
+        raise OpenAIError(
+            403, "The operator pages are for ADMIN_TELEGRAM_IDS.", code="not_an_operator"
+        )
+    return user
+
+
+OperatorDep = Annotated[AppUser, Depends(require_operator)]

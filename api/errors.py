@@ -28,6 +28,8 @@ from api.engine.errors import (
     UpstreamUnavailable,
 )
 from api.engine.text.chat_template import ChatTemplateError
+from api.miniapp.auth import AppAuthError
+from api.miniapp.telegram import TelegramUnavailable
 from api.protocol import ErrorBody, ErrorResponse
 from billing.errors import (
     BillingError,
@@ -193,6 +195,10 @@ def from_domain(exc: Exception) -> OpenAIError:
         return OpenAIError(502, str(exc), type="server_error", code="upstream_error")
     if isinstance(exc, EngineDead):
         return OpenAIError(503, "The model is not available right now.", type="server_error")
+    if isinstance(exc, AppAuthError):  # the Mini App's initData or session (api/miniapp/auth)
+        return OpenAIError(401, str(exc), code="invalid_init_data")
+    if isinstance(exc, TelegramUnavailable):
+        return OpenAIError(502, str(exc), type="server_error", code="telegram_unavailable")
     if isinstance(exc, BillingError):
         return invalid_request(str(exc))
     return internal_error()
@@ -222,6 +228,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineError)
     async def _engine(_: Request, exc: EngineError) -> JSONResponse:
+        return from_domain(exc).response()
+
+    @app.exception_handler(AppAuthError)
+    async def _app_auth(_: Request, exc: AppAuthError) -> JSONResponse:
+        return from_domain(exc).response()
+
+    @app.exception_handler(TelegramUnavailable)
+    async def _telegram(_: Request, exc: TelegramUnavailable) -> JSONResponse:
         return from_domain(exc).response()
 
     @app.exception_handler(ChatTemplateError)

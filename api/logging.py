@@ -6,7 +6,11 @@ import logging
 import re
 from urllib.parse import unquote
 
-_SECRETS = re.compile(r"(sk-tks-)[0-9A-Za-z]+|(Bearer\s+)\S+|(bot)\d+:[\w-]+", re.IGNORECASE)
+# keys, bearer tokens (the Mini App's sessions among them), bot tokens, Mini App initData
+_SECRETS = re.compile(
+    r"(sk-tks-)[0-9A-Za-z]+|(Bearer\s+)\S+|(bot)\d+:[\w-]+|(tma\s+)\S+|(tks-app\.)[\w.-]+",
+    re.IGNORECASE,
+)
 
 
 def redact(text: str) -> str:
@@ -22,7 +26,7 @@ def redact(text: str) -> str:
 
 
 def _mark(match: re.Match[str]) -> str:
-    return (match.group(1) or match.group(2) or match.group(3)) + "[redacted]"
+    return next(group for group in match.groups() if group) + "[redacted]"
 
 
 class RedactSecrets(logging.Filter):

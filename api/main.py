@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from anyio import to_thread
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from api.books import Books
 from api.engine.protocol import EngineClient
@@ -30,9 +31,12 @@ from api.lifecycle import (
 from api.logging import configure_logging
 from api.metrics import Metrics
 from api.middleware import RequestContext
-from api.routes import chat, health, key, models, responses
+from api.miniapp import STATIC_DIR
+from api.miniapp.telegram import BotApi
+from api.routes import chat, health, key, miniapp, models, responses
 from api.services import Services
 from api.serving.chat import ChatService
+from api.serving.miniapp import MiniApp
 from api.serving.responses import ResponsesService
 from api.settings import ApiSettings
 from billing.db import make_engine
@@ -71,6 +75,10 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             settings=settings,
         )
         responses_service = ResponsesService(chat=chat_service, db=db, settings=settings)
+        token = settings.telegram_bot_token  # the Mini App's initData check and invoice links
+        bot_api = (
+            BotApi(token.get_secret_value(), settings.telegram_api_base_url) if token else None
+        )
         app.state.services = Services(
             settings=settings,
             db=db,
@@ -79,6 +87,13 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             chat=chat_service,
             metrics=metrics,
             responses=responses_service,
+            miniapp=MiniApp(
+                settings=settings,
+                db=db,
+                engines=engine_map,
+                secret_key=settings.resolved_secret_key(),
+                telegram=bot_api,
+            ),
         )
         # a restart resolves what its previous incarnation left before serving
         await start_lease(books, settings.instance_name)
@@ -100,6 +115,8 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
                     await loop
             await chat_service.finish_settling(within=5)
             await stop_lease(books)
+            if bot_api is not None:
+                await bot_api.close()
             for engine in engine_map.values():
                 await engine.shutdown()
             db.dispose()
@@ -116,6 +133,9 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
     app.add_middleware(RequestContext, metrics=metrics, max_body=settings.max_request_bytes)
     for router in (chat.router, responses.router, models.router, key.router, health.router):
         app.include_router(router)
+    app.include_router(miniapp.router)
+    # after /app/api's routes, which it would otherwise shadow
+    app.mount("/app", StaticFiles(directory=STATIC_DIR, html=True), name="miniapp")
     return app
 
 

@@ -10,6 +10,7 @@ from api.books import Books
 from api.engine.protocol import EngineClient
 from api.metrics import Metrics
 from api.serving.chat import ChatService
+from api.serving.miniapp import MiniApp
 from api.serving.responses import ResponsesService
 from api.settings import ApiSettings
 
@@ -23,3 +24,4 @@ class Services:
     chat: ChatService
     metrics: Metrics
     responses: ResponsesService
+    miniapp: MiniApp

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
 from api.engine.protocol import KvCacheDtype
-from billing.settings import BillingSettings
+from billing.settings import BillingSettings, parse_telegram_ids
 
 
 class ApiSettings(BillingSettings):
@@ -83,6 +85,19 @@ class ApiSettings(BillingSettings):
     # hold, so an upstream that charges for a request it began (a provider) never gets one that
     # a refused hold then closes.
     upstream_early_dispatch: bool = True
+    # The Telegram Mini App at /app (docs/miniapp.md). The bot's token checks the signature of
+    # the `initData` a page sends and makes invoice links (the bot credits what is paid); without
+    # it every /app/api route answers 401. ADMIN_TELEGRAM_IDS see the operator pages.
+    telegram_bot_token: SecretStr | None = None
+    telegram_api_base_url: str | None = None  # as the bot's: a self-hosted Bot API server
+    admin_telegram_ids: Annotated[frozenset[int], NoDecode] = frozenset()
+    app_init_data_max_age_seconds: int = Field(default=3600, gt=0)  # older initData: 401
+    app_session_seconds: int = Field(default=900, gt=0)  # the page's session, then initData again
+
+    @field_validator("admin_telegram_ids", mode="before")
+    @classmethod
+    def _split_admin_ids(cls, value: Any) -> Any:
+        return parse_telegram_ids(value)
 
 
 def default_instance_name() -> str:

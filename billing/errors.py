@@ -16,6 +16,7 @@ BillingError
 ├── TooManyRequests         the key already has its limit of requests in flight
 ├── UnknownPack             a pack id that is not in the catalog
 ├── OrderError              an order that cannot be paid (unknown, expired, paid, wrong price)
+├── TermsNotAccepted        an order asked for before the buyer accepted the terms
 ├── PurchaseNotFound        no purchase with that Telegram charge id
 ├── PromoError              a promo code that cannot be created or redeemed
 └── InvalidAmount           a token amount that is not a positive whole number
@@ -151,6 +152,11 @@ class OrderError(BillingError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class TermsNotAccepted(BillingError):
+    """Raised when a buyer asks for an invoice before accepting the terms (the Mini App; the
+    bot shows the terms instead of the packs)."""
 
 
 class PromoError(BillingError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import tempfile
 from pathlib import Path
@@ -109,3 +110,14 @@ def _development_secret(path: Path) -> bytes:
         finally:
             os.unlink(temporary)
     return path.read_text().strip().encode()
+
+
+def parse_telegram_ids(value: object) -> object:
+    """`ADMIN_TELEGRAM_IDS=123,456` (commas or spaces), as an operator would write it; read the
+    same way by the bot (its operators) and the API (the Mini App's operator pages)."""
+    if isinstance(value, str):
+        parts = [part for part in re.split(r"[,\s]+", value.strip()) if part]
+        if not all(part.lstrip("-").isdigit() for part in parts):
+            raise ValueError("must be Telegram user ids separated by commas, e.g. 123,456")
+        return frozenset(int(part) for part in parts)
+    return value

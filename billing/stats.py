@@ -133,6 +133,37 @@ def usage_by_day(
     return usage, len(rows) > per_page
 
 
+def daily_usage(
+    *, session: Session, since: datetime, account_id: int | None = None
+) -> list[UsageRow]:
+    """(day, model) rows of billed requests at or after `since`, oldest day first: one account's
+    (the Mini App's usage chart) or, with no `account_id`, every account's (the operator's)."""
+    day = func.date(LedgerEntry.created_at)
+    where = [
+        col(LedgerEntry.kind) == "usage",
+        col(LedgerEntry.amount) != 0,
+        col(LedgerEntry.created_at) >= since,
+    ]
+    if account_id is not None:
+        where.append(col(LedgerEntry.account_id) == account_id)
+    rows = session.execute(
+        select(
+            day,
+            func.coalesce(LedgerEntry.model, ""),
+            func.count(),
+            func.coalesce(func.sum(LedgerEntry.prompt_tokens), 0),
+            func.coalesce(func.sum(LedgerEntry.completion_tokens), 0),
+            func.coalesce(func.sum(-col(LedgerEntry.amount)), 0),
+        )
+        .where(*where)
+        .group_by(day, col(LedgerEntry.model))
+        .order_by(day, col(LedgerEntry.model))
+    ).all()
+    return [
+        UsageRow(str(d), str(m) or "—", int(n), int(p), int(c), int(t)) for d, m, n, p, c, t in rows
+    ]
+
+
 def usage_by_key(*, session: Session, account_id: int) -> dict[int | None, KeyUsage]:
     """Requests and tokens billed per key id (None: requests from before keys were recorded)."""
     rows = session.execute(

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from billing.settings import BillingSettings
+from billing.settings import BillingSettings, parse_telegram_ids
 
 _SECRET_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
@@ -53,13 +53,7 @@ class BotSettings(BillingSettings):
     @field_validator("admin_telegram_ids", mode="before")
     @classmethod
     def _split_ids(cls, value: Any) -> Any:
-        """`ADMIN_TELEGRAM_IDS=123,456` (commas or spaces), as an operator would write it."""
-        if isinstance(value, str):
-            parts = [part for part in re.split(r"[,\s]+", value.strip()) if part]
-            if not all(part.lstrip("-").isdigit() for part in parts):
-                raise ValueError("must be Telegram user ids separated by commas, e.g. 123,456")
-            return frozenset(int(part) for part in parts)
-        return value
+        return parse_telegram_ids(value)
 
     @model_validator(mode="after")
     def _production_needs_operators(self) -> BotSettings:

@@ -141,6 +141,8 @@ class FakeTelegram:
                 "from": bot_user(),
                 "text": params.get("text", params.get("title", "")),
             }
+        if method == "createInvoiceLink":  # what Telegram.WebApp.openInvoice takes
+            return f"https://t.me/$invoice-{next(_message_ids)}"
         if method == "getStarTransactions":
             offset = int(params.get("offset") or 0)
             limit = int(params.get("limit") or 100)

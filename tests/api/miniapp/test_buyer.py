@@ -1,0 +1,178 @@
+"""A buyer's pages as JSON: the figures the page draws, and what its buttons do to the books."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+from sqlmodel import Session, col
+
+from billing import keys, ledger
+from billing.accounts import find_telegram_account
+from billing.errors import RevokedKey
+from billing.models import LedgerEntry, utcnow
+from tests.bot.double import FakeTelegram, TelegramUser
+from tests.bot.stories import pre_checkout_answer
+from tests.factories import bill_request
+
+ALICE = 100_001  # the bot fixtures' Alice
+
+
+def open_account(client, engine, tokens: int = 0) -> int:
+    client.ok("GET", "/me")  # the first call opens the account
+    with Session(engine) as writer:
+        account = find_telegram_account(session=writer, telegram_id=client.telegram_id)
+        assert account is not None and account.id is not None
+        if tokens:
+            ledger.grant(session=writer, account_id=account.id, tokens=tokens)
+        writer.commit()
+        return account.id
+
+
+def use_on_day(
+    engine, account_id: int, days_ago: int, *, prompt: int, completion: int, model: str = "demo"
+) -> None:
+    """A billed request `days_ago` days back (its ledger entry moved to that day)."""
+    request_id = f"req-{account_id}-{days_ago}-{model}"
+    bill_request(
+        engine,
+        account_id,
+        request_id,
+        cost=prompt + completion,
+        model=model,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
+    with Session(engine) as writer:
+        writer.execute(
+            update(LedgerEntry)
+            .where(col(LedgerEntry.request_id) == request_id)
+            .values(created_at=utcnow() - timedelta(days=days_ago))
+        )
+        writer.commit()
+
+
+def test_balance_and_usage_per_day_by_model_over_a_window(app_client, engine):
+    alice = app_client(ALICE)
+    account_id = open_account(alice, engine, tokens=50_000)
+    use_on_day(engine, account_id, 0, prompt=100, completion=20)
+    use_on_day(engine, account_id, 2, prompt=300, completion=40)
+    use_on_day(engine, account_id, 2, prompt=7, completion=3, model="big")
+    use_on_day(engine, account_id, 20, prompt=1000, completion=500)
+
+    assert alice.ok("GET", "/balance") == {
+        "available": 50_000 - 120 - 340 - 10 - 1500,
+        "held": 0,
+        "purchased": 0,
+        "granted": 50_000,
+        "used": 1970,
+        "refunded": 0,
+    }
+    week = alice.ok("GET", "/usage", params={"days": 7})
+    assert len(week["days"]) == 7 and week["days"][-1] == f"{utcnow():%Y-%m-%d}"
+    demo = next(series for series in week["models"] if series["model"] == "demo")
+    assert demo["prompt"][-1] == 100 and demo["completion"][-1] == 20
+    assert demo["prompt"][-3] == 300 and demo["completion"][-3] == 40
+    assert sum(demo["prompt"]) == 400  # the request 20 days ago is outside the week
+    big = next(series for series in week["models"] if series["model"] == "big")
+    assert (big["prompt"][-3], big["completion"][-3], big["requests"][-3]) == (7, 3, 1)
+
+    month = alice.ok("GET", "/usage", params={"days": 30})
+    assert sum(s["prompt"][0] + sum(s["prompt"][1:]) for s in month["models"]) == 1407
+    assert alice("GET", "/usage", params={"days": 12}).status_code == 400
+
+    exported = alice("GET", "/usage.csv")
+    assert exported.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(exported.text)))
+    assert sorted(int(row["prompt_tokens"]) for row in rows) == [7, 100, 300, 1000]
+
+
+def test_keys_are_created_renamed_rotated_and_revoked(app_client, engine, session, secret_key):
+    alice = app_client(ALICE)
+    open_account(alice, engine)
+    created = alice("POST", "/keys", json={"name": "laptop"})
+    assert created.status_code == 201
+    issued = created.json()
+    full = issued["secret"]
+    assert full.startswith("sk-tks-") and issued["key"]["masked"] == f"sk-tks-…{full[-4:]}"
+    listed = alice.ok("GET", "/keys")
+    assert [k["name"] for k in listed] == ["laptop"]
+    assert full not in str(listed)  # the list shows keys masked only
+
+    key_id = issued["key"]["id"]
+    renamed = alice.ok("PATCH", f"/keys/{key_id}", json={"name": "  work   laptop "})
+    assert renamed["name"] == "work laptop"
+
+    rotated = alice.ok("POST", f"/keys/{key_id}/rotate")
+    assert rotated["key"]["name"] == "work laptop" and rotated["secret"] != full
+    with pytest.raises(RevokedKey):
+        keys.authenticate(session=session, key=full)
+    session.rollback()
+    assert keys.authenticate(session=session, key=rotated["secret"]).key_id == rotated["key"]["id"]
+    session.rollback()
+
+    assert alice("DELETE", f"/keys/{rotated['key']['id']}").status_code == 204
+    assert alice.ok("GET", "/keys") == []
+    gone = alice("DELETE", f"/keys/{rotated['key']['id']}")
+    assert gone.status_code == 400 and "live key" in gone.json()["error"]["message"]
+
+
+def test_another_buyers_key_cannot_be_touched(app_client, engine):
+    alice, boris = app_client(ALICE), app_client(100_002, "Boris")
+    open_account(alice, engine)
+    open_account(boris, engine)
+    key_id = alice.ok("POST", "/keys", json={"name": "mine"})["key"]["id"]
+    assert boris("POST", f"/keys/{key_id}/rotate").status_code == 400
+    assert boris("PATCH", f"/keys/{key_id}", json={"name": "stolen"}).status_code == 400
+    assert boris("DELETE", f"/keys/{key_id}").status_code == 400
+    assert [k["name"] for k in alice.ok("GET", "/keys")] == ["mine"]
+
+
+@pytest.mark.anyio
+async def test_a_pack_bought_in_the_page_is_credited_by_the_bot(
+    app_client, engine, telegram: FakeTelegram, alice: TelegramUser
+):
+    buyer = app_client(ALICE)
+    refused = buyer("POST", "/invoice", json={"pack_id": "starter"})
+    assert refused.status_code == 400 and "terms" in refused.json()["error"]["message"]
+    assert buyer("POST", "/terms").status_code == 204
+    shop = buyer.ok("GET", "/shop")
+    assert shop["terms_accepted"] and [p["id"] for p in shop["packs"]] == ["starter", "pro"]
+    assert buyer("POST", "/invoice", json={"pack_id": "nope"}).status_code == 400
+
+    link = buyer.ok("POST", "/invoice", json={"pack_id": "starter"})["invoice_link"]
+    made = telegram.last("createInvoiceLink")
+    assert link == made.result and link.startswith("https://t.me/$")
+    assert (made["currency"], made["prices"][0]["amount"]) == ("XTR", 50)
+    assert made["title"] == "Starter: 100,000 tokens"
+    assert buyer.ok("GET", "/balance")["available"] == 0  # nothing until the bot hears of it
+
+    await alice.pre_checkout(made["payload"], 50)
+    assert pre_checkout_answer(telegram) == (True, None)
+    await alice.paid(made["payload"], 50, "charge-from-the-page")
+    assert buyer.ok("GET", "/balance")["purchased"] == 100_000
+    await alice.paid(made["payload"], 50, "charge-from-the-page")  # delivered twice
+    assert buyer.ok("GET", "/balance")["available"] == 100_000
+
+
+@pytest.mark.anyio
+async def test_support_written_in_the_page_reaches_operators_and_their_reply_the_buyer(
+    app_client, engine, telegram: FakeTelegram, operator: TelegramUser
+):
+    buyer = app_client(ALICE)
+    sent = buyer.ok("POST", "/support", json={"text": "My tokens <b>vanished</b>"})
+    assert sent == {"delivered": 1}
+    card = telegram.last("sendMessage")
+    assert int(card["chat_id"]) == operator.id
+    assert "My tokens &lt;b&gt;vanished&lt;/b&gt;" in card["text"]
+
+    await operator.send("They are back now.", reply_to=card)  # a reply in the bot's chat
+    assert "They are back now." in telegram.last_text_to(ALICE)
+    thread = buyer.ok("GET", "/support")["messages"]
+    assert [(m["from_operator"], m["text"]) for m in thread] == [
+        (False, "My tokens <b>vanished</b>"),
+        (True, "They are back now."),
+    ]
