@@ -11,25 +11,27 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from anyio import to_thread
 from sqlalchemy import Engine, text
 from sqlmodel import Session
 
-from billing import idempotency, keys, leases, ledger, stats
+from billing import idempotency, key_limits, keys, leases, ledger, stats
 from billing.db import reading, session_scope
 from billing.errors import InvalidKey
 from billing.group_commit import GroupCommit
 from billing.idempotency import StoredAnswer
+from billing.key_limits import KeyReport
 from billing.keys import KeyIdentity
 from billing.leases import SweepReport
 from billing.ledger import Balance
-from billing.models import Hold
+from billing.models import Hold, utcnow
 from billing.stats import KeyUsage
 
 T = TypeVar("T")
+MAX_CACHED_IDENTITIES = 100_000  # `Books._identities`: forgotten all at once past this
 
 
 @dataclass
@@ -41,8 +43,12 @@ class Books:
     lease: timedelta = timedelta(seconds=10)
     idempotency_retention: timedelta = timedelta(hours=24)
     owner: str | None = None  # this process's lease id, once started
+    # The clock of keys' limits (periods, minutes, expiry); None: the database's for holds and
+    # this process's for the checks before them. Tests set one to cross a period's boundary.
+    clock: Callable[[], datetime] | None = None
     _key_cache: dict[str, tuple[float, KeyIdentity]] = field(default_factory=dict)
     _key_lookups: dict[str, asyncio.Future[KeyIdentity]] = field(default_factory=dict)
+    _identities: dict[int, KeyIdentity] = field(default_factory=dict)  # by key id, as cached
     _writes: GroupCommit = field(init=False)
 
     def __post_init__(self) -> None:
@@ -67,12 +73,14 @@ class Books:
 
     async def authenticate(self, key: str) -> KeyIdentity:
         """A live key's owner. Answers are cached briefly, so a revoked key stops working within
-        `key_cache_seconds` on every process, without a database read per request."""
+        `key_cache_seconds` on every process, without a database read per request, and so do
+        changes to its limits; a cached key's expiry is checked on every request."""
         if not keys.is_well_formed(key):
             raise InvalidKey()  # no database read for a malformed key
         digest = keys.hash_key(key)
         cached = self._key_cache.get(digest)
         if cached and cached[0] > time.monotonic():
+            cached[1].check(now=self.now())
             return cached[1]
         lookup = self._key_lookups.get(digest)
         if lookup is None:  # requests that arrive together with one key share one read
@@ -83,9 +91,32 @@ class Books:
         return await asyncio.shield(lookup)  # a cancelled request leaves it to the others
 
     async def _look_up_key(self, key: str, digest: str) -> KeyIdentity:
-        identity = await self._run(lambda s: keys.authenticate(session=s, key=key), write=False)
+        now = self.now()
+        identity = await self._run(
+            lambda s: keys.authenticate(session=s, key=key, now=now), write=False
+        )
         self._key_cache[digest] = (time.monotonic() + self.key_cache_seconds, identity)
+        if len(self._identities) >= MAX_CACHED_IDENTITIES:
+            self._identities.clear()
+        self._identities[identity.key_id] = identity
         return identity
+
+    def now(self) -> datetime:
+        return self.clock() if self.clock is not None else utcnow()
+
+    def check_key(self, key_id: int | None, *, model: str) -> None:
+        """Refuse at once what the key's cached limits refuse (its expiry, its model list),
+        before a request is tokenized or sent anywhere; the hold checks them again."""
+        identity = self._identities.get(key_id) if key_id is not None else None
+        if identity is not None:
+            identity.check(model=model, now=self.now())
+
+    async def key_report(self, key_id: int) -> KeyReport | None:
+        """The key's limits and its spend this period (`GET /v1/key`)."""
+        now = self.now()
+        return await self._run(
+            lambda s: key_limits.report(session=s, key_id=key_id, now=now), write=False
+        )
 
     async def hold(
         self,
@@ -112,6 +143,7 @@ class Books:
                 limit=self.max_concurrent_per_key,
                 owner=self.owner,
                 key_id=key_id,
+                now=self.clock() if self.clock is not None else None,
             ),
             accounts=(account_id,),
             durable=False,

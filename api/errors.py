@@ -37,6 +37,10 @@ from billing.errors import (
     IdempotencyMismatch,
     InsufficientBalance,
     InvalidKey,
+    KeyExpired,
+    KeyLimitReached,
+    KeyRateLimited,
+    ModelNotAllowed,
     TooManyRequests,
 )
 
@@ -146,8 +150,28 @@ def from_domain(exc: Exception) -> OpenAIError:
     """The OpenAI error for a domain error; anything unknown is a 500 without internals."""
     if isinstance(exc, OpenAIError):
         return exc
+    if isinstance(exc, KeyExpired):
+        return OpenAIError(401, str(exc), code="key_expired")
     if isinstance(exc, InvalidKey):
         return OpenAIError(401, str(exc), code="invalid_api_key")
+    if isinstance(exc, KeyLimitReached):  # the key's own limit: no retry helps before its reset
+        return OpenAIError(
+            429,
+            str(exc),
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers={"x-should-retry": "false"},
+        )
+    if isinstance(exc, KeyRateLimited):
+        return OpenAIError(
+            429,
+            str(exc),
+            type=exc.kind,
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(exc.retry_after)},
+        )
+    if isinstance(exc, ModelNotAllowed):
+        return OpenAIError(403, str(exc), param="model", code="model_not_allowed")
     if isinstance(exc, InsufficientBalance):
         return OpenAIError(
             429,

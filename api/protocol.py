@@ -246,6 +246,28 @@ class ModelList(BaseModel):
     data: list[Model]
 
 
+class KeyLimits(BaseModel):
+    """A key's own limits (docs/keys.md); null or empty: that limit is off."""
+
+    spend_limit: int | None = None  # tokens per `period`
+    period: Literal["daily", "weekly", "monthly", "total"] = "total"
+    expires_at: int | None = None  # Unix seconds
+    models: list[str] = []
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+class KeySpend(BaseModel):
+    """What the key has spent against its limit this period."""
+
+    period: Literal["daily", "weekly", "monthly", "total"]
+    spent_tokens: int  # billed this period
+    held_tokens: int  # reserved by the key's requests running now
+    remaining_tokens: int | None  # null: no spend limit (the balance is the limit)
+    period_start: int | None  # Unix seconds; null for "total"
+    resets_at: int | None  # Unix seconds; null for "total", which never resets
+
+
 class KeyInfo(BaseModel):
     """`GET /v1/key`: what the caller's key has left."""
 
@@ -261,6 +283,9 @@ class KeyInfo(BaseModel):
     key_name: str | None = None
     key_requests: int = 0
     key_used_tokens: int = 0
+    id: int | None = None  # the key's id: what `tokenshop keys limit --key-id` takes
+    limits: KeyLimits | None = None
+    spend: KeySpend | None = None
 
 
 class ErrorBody(BaseModel):

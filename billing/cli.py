@@ -20,14 +20,16 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 from typer.exceptions import TyperException
 
-from billing import accounts, keys, ledger, promos, stray_charges
+from billing import accounts, key_limits, keys, ledger, promos, stray_charges
 from billing.db import make_engine, session_scope
 from billing.errors import BillingError
-from billing.models import Account, utcnow
+from billing.models import Account, ApiKey, utcnow
 from billing.settings import BillingSettings
 
 app = typer.Typer(rich_markup_mode=None, help="The books: accounts, keys and balances.")
-keys_app = typer.Typer(no_args_is_help=True, help="Issue, show, rotate and revoke API keys.")
+keys_app = typer.Typer(
+    no_args_is_help=True, help="Issue, show, list, limit, rotate and revoke API keys."
+)
 app.add_typer(keys_app, name="keys")
 promo_app = typer.Typer(no_args_is_help=True, help="Promo codes buyers redeem with /promo.")
 app.add_typer(promo_app, name="promo")
@@ -84,7 +86,10 @@ def keys_issue(
         if tokens:
             ledger.grant(session=session, account_id=account.id, tokens=tokens, note="cli issue")
         key, _ = keys.ensure_key(
-            session=session, account_id=account.id, secret_key=settings.resolved_secret_key()
+            session=session,
+            account_id=account.id,
+            secret_key=settings.resolved_secret_key(),
+            defaults=settings.key_defaults(),
         )
         available = ledger.get_balance(session=session, account_id=account.id).available
     typer.echo(f"account {account.id}: {available} tokens available")
@@ -103,6 +108,89 @@ def keys_show(account: AccountOpt = None, telegram_id: TelegramOpt = None) -> No
     if key is None:
         raise CliError(f"account {row.id} has no live key")
     typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list(account: AccountOpt = None, telegram_id: TelegramOpt = None) -> None:
+    """Each live key of the account: its id, name, limits and spend this period."""
+    now = utcnow()
+    with _books() as (session, _):
+        row = _account(session, account, telegram_id)
+        assert row.id is not None
+        found = key_limits.reports(session=session, account_id=row.id, now=now)
+    if not found:
+        raise CliError(f"account {row.id} has no live key")
+    for key, report in found:
+        typer.echo(f"key {key.id}\t{key.name} (…{key.hint})\t{describe(report)}")
+
+
+@keys_app.command("limit")
+def keys_limit(
+    key_id: Annotated[int, typer.Option("--key-id", help="The key's id (keys list, GET /v1/key).")],
+    spend: Annotated[
+        int | None, typer.Option(min=0, help="Tokens the key may spend per period.")
+    ] = None,
+    period: Annotated[
+        str | None, typer.Option(help="daily, weekly, monthly (UTC) or total.")
+    ] = None,
+    expires: Annotated[
+        str | None, typer.Option(help="ISO date or time (UTC unless zoned), or 30d from now.")
+    ] = None,
+    models: Annotated[str | None, typer.Option(help="Models it may use, a,b (empty: all).")] = None,
+    rpm: Annotated[int | None, typer.Option(min=1, help="Requests per minute.")] = None,
+    tpm: Annotated[int | None, typer.Option(min=1, help="Tokens per minute.")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove every limit first.")] = False,
+) -> None:
+    """Set a key's limits; the options left out stay as they are. Every API process enforces
+    them within KEY_CACHE_SECONDS."""
+    changes: dict[str, object] = {}
+    if spend is not None:
+        changes["spend"] = spend
+    if period is not None:
+        changes["period"] = period.lower()
+    if expires is not None:
+        changes["expires_at"] = key_limits.parse_time(expires)
+    if models is not None:
+        changes["models"] = key_limits.split_models(models)
+    if rpm is not None:
+        changes["rpm"] = rpm
+    if tpm is not None:
+        changes["tpm"] = tpm
+    if not changes and not clear:
+        raise CliError("give at least one limit to set, or --clear")
+    with _books() as (session, _):
+        key = session.get(ApiKey, key_id)
+        if key is None:
+            raise CliError(f"no key {key_id}")
+        report = key_limits.set_limits(
+            session=session,
+            account_id=key.account_id,
+            key_id=key_id,
+            clear=clear,
+            changes=changes,
+            now=utcnow(),
+        )
+    typer.echo(f"key {key_id}: {describe(report)}")
+
+
+def describe(report: key_limits.KeyReport) -> str:
+    """A key's limits and spend in one line, as the operator reads them."""
+    limits = report.limits
+    parts = []
+    if limits.spend is not None:
+        resets = f", resets {report.resets_at:%Y-%m-%d %H:%M} UTC" if report.resets_at else ""
+        parts.append(f"spend {report.spent}/{limits.spend} {limits.period}{resets}")
+    else:
+        parts.append(f"spent {report.spent_total}, no spend limit")
+    if limits.expires_at is not None:
+        parts.append(f"expires {limits.expires_at:%Y-%m-%d %H:%M} UTC")
+    if limits.models:
+        parts.append(f"models {','.join(limits.models)}")
+    if limits.rpm is not None:
+        parts.append(f"rpm {limits.rpm}")
+    if limits.tpm is not None:
+        parts.append(f"tpm {limits.tpm}")
+    return "; ".join(parts)
 
 
 @keys_app.command("rotate")

@@ -158,6 +158,7 @@ class ChatService:
         engine = self.engines.get(request.model)
         if engine is None:
             raise model_not_found(request.model)
+        self.books.check_key(key_id, model=request.model)  # expired, or a model it may not use
         # From here until `_outputs` submits it, the engine counts this request as on its way,
         # so a burst sent together is prefilled together (`Scheduler._wait_for_expected`).
         arrived = engine.expect()
