@@ -59,6 +59,7 @@ lint: $(VENV)/.dev-installed
 
 demo-model: $(VENV)/.dev-installed
 	$(BIN)/python models/make_demo.py models/demo
+	$(BIN)/python models/make_demo_embed.py models/demo-embed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -44,13 +44,23 @@ def export_model(
         str | None,
         typer.Option(help="Quantize the weights: int8 or int4 (4x or ~7x less to read per token)."),
     ] = None,
+    task: Annotated[
+        str,
+        typer.Option(
+            help="chat (a causal LM) or embedding (a sentence-transformers model dir: int8 only)."
+        ),
+    ] = "chat",
 ) -> None:
     """Export a model to ONNX for serving (needs the `export` extra)."""
+    from api.engine.export.embedding import export_embedding
     from api.engine.export.exporter import ExportFailed, ExportUnavailable
-    from api.engine.export.exporter import export_model as export
+    from api.engine.export.exporter import export_model as export_chat
 
+    if task not in ("chat", "embedding"):
+        raise CliError(f"--task is chat or embedding, not {task!r}")
+    export = export_embedding if task == "embedding" else export_chat
     try:
         result = export(source, out, quantize, progress=lambda line: typer.echo(line, err=True))
-    except (ExportUnavailable, ExportFailed, FileExistsError) as exc:
+    except (ExportUnavailable, ExportFailed, FileExistsError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     typer.echo(result.path)

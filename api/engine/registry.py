@@ -1,8 +1,9 @@
-"""Build the served models from the `MODELS` setting.
+"""Build the served models from the `MODELS` setting: chat and embedding models alike.
 
 `MODELS` is a comma-separated list of export dirs; a dir's name is its model id unless the entry is
 `name=path`. Relative paths are resolved against the working directory, then the project root, so
-the default `models/demo` works from anywhere.
+the default `models/demo` works from anywhere. An export is an embedding model when its files say
+so (`embedding.engine.is_embedding_export`), so one list names both kinds.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.engine.embedding.batcher import BatchLimits
+from api.engine.embedding.engine import LocalEmbeddingEngine, is_embedding_export
+from api.engine.embedding.protocol import EmbeddingClient
 from api.engine.errors import ModelLoadError
 from api.engine.local_engine import LocalEngine
 from api.engine.model.session_cache import default_cache_dir
@@ -37,6 +41,7 @@ class EngineConfig:
     ops_missing: str | None = None  # why ops_library is None, for each model's serving path
     kv_cache_dtype: KvCacheDtype = "auto"  # the KV cache's element type (protocol.KvCacheDtype)
     speculative_tokens: int = 4  # drafts a decode step may verify per sequence (0: none)
+    embedding_batch_tokens: int = 16384  # an embedding batch's rows x longest row
 
     @property
     def limits(self) -> SchedulerLimits:
@@ -72,12 +77,58 @@ def parse_models_spec(spec: str) -> list[tuple[str, Path]]:
     return entries
 
 
-def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, EngineClient]:
+@dataclass
+class LoadedModels:
+    """The served models by kind (names are unique across both)."""
+
+    engines: dict[str, EngineClient] = field(default_factory=dict)
+    embedders: dict[str, EmbeddingClient] = field(default_factory=dict)
+
+    def add(self, model_id: str, model: EngineClient | EmbeddingClient) -> None:
+        if isinstance(model, EmbeddingClient):
+            self.embedders[model_id] = model
+        else:
+            self.engines[model_id] = model
+
+
+def load_models(spec: str, config: EngineConfig | None = None) -> LoadedModels:
     """Load every model of `spec` (not started: call `await engine.start()` in the lifespan)."""
     config = config or EngineConfig()
-    return {
-        model_id: load_local(model_id, path, config) for model_id, path in parse_models_spec(spec)
-    }
+    loaded = LoadedModels()
+    for model_id, path in parse_models_spec(spec):
+        loaded.add(model_id, load_export(model_id, path, config))
+    return loaded
+
+
+def load_engines(spec: str, config: EngineConfig | None = None) -> dict[str, EngineClient]:
+    """The chat models of `spec` (`load_models` for both kinds)."""
+    return load_models(spec, config).engines
+
+
+def load_export(
+    model_id: str, path: Path, config: EngineConfig, *, truncate: bool = False
+) -> LocalEngine | LocalEmbeddingEngine:
+    """One export dir, served as the kind of model it holds. `truncate` (an embedding model's
+    models-file entry) cuts inputs past the model's length instead of refusing them."""
+    if path.is_dir() and is_embedding_export(path):
+        return load_embedding(model_id, path, config, truncate=truncate)
+    if truncate:
+        raise ModelLoadError(f"model {model_id!r}: truncate applies only to embedding models")
+    return load_local(model_id, path, config)
+
+
+def load_embedding(
+    model_id: str, path: Path, config: EngineConfig, *, truncate: bool = False
+) -> LocalEmbeddingEngine:
+    """One embedding export dir as a `LocalEmbeddingEngine` (not started)."""
+    return LocalEmbeddingEngine(
+        model_id,
+        path,
+        threads=config.threads,
+        cache_dir=config.cache_dir,
+        limits=BatchLimits(batch_tokens=config.embedding_batch_tokens),
+        truncate=truncate,
+    )
 
 
 def load_local(model_id: str, path: Path, config: EngineConfig) -> LocalEngine:
