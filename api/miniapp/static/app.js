@@ -1,0 +1,420 @@
+// Tokenshop's Mini App: a page over the JSON API at ./api (api/routes/miniapp.py). It proves who
+// the user is with Telegram's signed initData, then uses the short session the server returns.
+// Every figure comes from the API; the page only draws it (uPlot, vendored) and acts on it.
+"use strict";
+
+(() => {
+  const tg = window.Telegram && window.Telegram.WebApp;
+  const state = { token: null, me: null, usageDays: 30, operatorDays: 30, balance: null };
+  const charts = {};
+  window.tokenshop = { state, charts }; // for a look from the browser's console (and tests)
+  const palette = ["#3390ec", "#f5a623", "#2ecc71", "#e74c3c", "#9b59b6", "#1abc9c", "#e67e22", "#7f8c8d"];
+  const number = new Intl.NumberFormat("en-US");
+  const $ = (selector, root = document) => root.querySelector(selector);
+
+  // ---- Talking to the server.
+  class ApiError extends Error {
+    constructor(status, message) { super(message); this.status = status; }
+  }
+
+  async function signIn() {
+    const initData = tg ? tg.initData : "";
+    if (!initData) throw new ApiError(401, "Open this page from the bot's menu in Telegram.");
+    const answer = await fetch("api/session", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ init_data: initData }),
+    });
+    const body = await answer.json();
+    if (!answer.ok) throw new ApiError(answer.status, body.error ? body.error.message : "Sign-in failed.");
+    state.token = body.token;
+    state.me = body.me;
+  }
+
+  async function call(method, path, body, retried = false) {
+    if (!state.token) await signIn();
+    const options = { method, headers: { Authorization: `Bearer ${state.token}` } };
+    if (body !== undefined) {
+      options.headers["Content-Type"] = "application/json";
+      options.body = JSON.stringify(body);
+    }
+    const answer = await fetch(`api/${path}`, options);
+    if (answer.status === 401 && !retried) { // the session ran out: sign in again once
+      state.token = null;
+      return call(method, path, body, true);
+    }
+    if (answer.status === 204) return null;
+    const type = answer.headers.get("content-type") || "";
+    const result = type.includes("json") ? await answer.json() : await answer.text();
+    if (!answer.ok) throw new ApiError(answer.status, result.error ? result.error.message : String(result));
+    return result;
+  }
+
+  function notify(text) {
+    const notice = $("#notice");
+    notice.textContent = text;
+    notice.hidden = !text;
+  }
+
+  async function guarded(work) {
+    try {
+      notify("");
+      await work();
+    } catch (error) {
+      notify(error.message || String(error));
+    }
+  }
+
+  // ---- Pages and tabs.
+  const loaders = {
+    balance: loadBalance, usage: loadUsage, keys: loadKeys,
+    buy: loadShop, support: loadSupport, operator: loadOperator,
+  };
+
+  function show(page) {
+    for (const tab of document.querySelectorAll("#tabs button")) {
+      tab.setAttribute("aria-selected", String(tab.dataset.page === page));
+    }
+    for (const section of document.querySelectorAll(".page")) section.hidden = section.id !== `page-${page}`;
+    return guarded(loaders[page]);
+  }
+
+  // ---- Balance.
+  async function loadBalance() {
+    const balance = await call("GET", "balance");
+    state.balance = balance;
+    for (const [name, value] of Object.entries(balance)) {
+      const cell = document.querySelector(`[data-figure="${name}"]`);
+      if (cell) cell.textContent = number.format(value);
+    }
+  }
+
+  // ---- Charts.
+  function css(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  function dayStamp(day) {
+    return Date.parse(`${day}T00:00:00Z`) / 1000;
+  }
+
+  function draw(id, days, series) {
+    const element = document.getElementById(id);
+    if (charts[id]) charts[id].destroy();
+    element.textContent = "";
+    const text = css("--text") || "#000";
+    const grid = css("--separator") || "rgba(127,127,127,0.25)";
+    const axis = { stroke: text, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } };
+    const options = {
+      width: Math.max(element.clientWidth, 280),
+      height: 220,
+      scales: { x: { time: true } },
+      series: [{ label: "Day", value: (_, stamp) => stamp == null ? "—" : new Date(stamp * 1000).toISOString().slice(0, 10) }]
+        .concat(series.map((item, n) => ({
+          label: item.label,
+          stroke: palette[n % palette.length],
+          width: 2,
+          dash: item.dash,
+          points: { show: true, size: 5 },
+          value: (_, value) => value == null ? "—" : number.format(value),
+        }))),
+      axes: [axis, Object.assign({ size: 60, values: (_, ticks) => ticks.map((v) => compact(v)) }, axis)],
+    };
+    charts[id] = new uPlot(options, [days.map(dayStamp), ...series.map((item) => item.values)], element);
+  }
+
+  function compact(value) {
+    if (Math.abs(value) >= 1e6) return `${+(value / 1e6).toFixed(1)}M`;
+    if (Math.abs(value) >= 1e3) return `${+(value / 1e3).toFixed(1)}k`;
+    return String(value);
+  }
+
+  function usageSeries(usage) {
+    return usage.models.flatMap((model) => [
+      { label: `${model.model} prompt`, values: model.prompt },
+      { label: `${model.model} completion`, values: model.completion, dash: [6, 4] },
+    ]);
+  }
+
+  function fill(tableId, rows) {
+    const body = $(`#${tableId} tbody`);
+    body.textContent = "";
+    for (const cells of rows) {
+      const row = body.insertRow();
+      for (const value of cells) row.insertCell().textContent = typeof value === "number" ? number.format(value) : value;
+    }
+  }
+
+  function usageRows(usage) {
+    const rows = [];
+    usage.days.forEach((day, at) => {
+      for (const model of usage.models) {
+        if (model.requests[at] || model.prompt[at] || model.completion[at]) {
+          rows.push([day, model.model, model.prompt[at], model.completion[at], model.charged[at]]);
+        }
+      }
+    });
+    return rows.reverse(); // newest first
+  }
+
+  // ---- Usage.
+  async function loadUsage() {
+    const usage = await call("GET", `usage?days=${state.usageDays}`);
+    draw("usage-chart", usage.days, usageSeries(usage));
+    const rows = usageRows(usage);
+    fill("usage-table", rows);
+    $("#usage-empty").hidden = rows.length > 0;
+  }
+
+  async function downloadCsv() {
+    if (!state.token) await signIn();
+    const answer = await fetch("api/usage.csv", { headers: { Authorization: `Bearer ${state.token}` } });
+    if (!answer.ok) throw new ApiError(answer.status, "The export failed; try again.");
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(await answer.blob());
+    link.download = "tokenshop-usage.csv";
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+  }
+
+  // ---- Keys.
+  async function loadKeys() {
+    const keys = await call("GET", "keys");
+    const list = $("#key-list");
+    list.textContent = "";
+    if (!keys.length) {
+      const empty = document.createElement("li");
+      empty.textContent = "No key yet: make one below, or buy a pack and the bot makes one.";
+      list.appendChild(empty);
+    }
+    for (const key of keys) {
+      const item = document.createElement("li");
+      item.dataset.keyId = key.id;
+      item.innerHTML = `<div class="title"></div><code class="masked"></code>
+        <div class="hint usage"></div>
+        <div class="actions">
+          <button data-action="rename">Rename</button>
+          <button data-action="rotate">Rotate</button>
+          <button data-action="revoke" class="danger">Revoke</button>
+        </div>`;
+      $(".title", item).textContent = key.name;
+      $(".masked", item).textContent = key.masked;
+      $(".usage", item).textContent = `${number.format(key.requests)} requests · ${number.format(key.charged)} tokens`;
+      list.appendChild(item);
+    }
+  }
+
+  function showSecret(issued) {
+    $("#new-secret-value").textContent = issued.secret;
+    $("#new-secret").hidden = false;
+  }
+
+  function confirm(message) {
+    return new Promise((resolve) => {
+      if (tg && tg.showConfirm) tg.showConfirm(message, (ok) => resolve(Boolean(ok)));
+      else resolve(window.confirm(message));
+    });
+  }
+
+  async function onKeyAction(event) {
+    const button = event.target.closest("button[data-action]");
+    if (!button) return;
+    const item = button.closest("li");
+    const id = item.dataset.keyId;
+    const name = $(".title", item).textContent;
+    const action = button.dataset.action;
+    if (action === "rename") {
+      const input = document.createElement("input");
+      input.value = name;
+      input.maxLength = 64;
+      input.setAttribute("aria-label", "New name");
+      const form = document.createElement("form");
+      form.className = "row";
+      form.append(input, Object.assign(document.createElement("button"), { type: "submit", className: "primary", textContent: "Save" }));
+      form.addEventListener("submit", (submitted) => {
+        submitted.preventDefault();
+        guarded(async () => {
+          await call("PATCH", `keys/${id}`, { name: input.value });
+          await loadKeys();
+        });
+      });
+      $(".actions", item).replaceWith(form);
+      input.focus();
+      return;
+    }
+    if (action === "rotate" && await confirm(`Rotate “${name}”? The key stops working at once and a new one replaces it.`)) {
+      showSecret(await call("POST", `keys/${id}/rotate`));
+      await loadKeys();
+    }
+    if (action === "revoke" && await confirm(`Revoke “${name}”? It stops working at once.`)) {
+      await call("DELETE", `keys/${id}`);
+      await loadKeys();
+    }
+  }
+
+  // ---- Buying.
+  async function loadShop() {
+    const shop = await call("GET", "shop");
+    $("#terms").hidden = shop.terms_accepted;
+    const list = $("#packs");
+    list.textContent = "";
+    for (const pack of shop.packs) {
+      const item = document.createElement("li");
+      item.style.padding = "0";
+      const button = document.createElement("button");
+      button.className = "pack";
+      button.dataset.pack = pack.id;
+      button.disabled = !shop.terms_accepted;
+      button.innerHTML = `<span><span class="title"></span><br><span class="hint"></span></span><span class="price"></span>`;
+      $(".title", button).textContent = pack.title;
+      $(".hint", button).textContent = `${number.format(pack.tokens)} tokens`;
+      $(".price", button).textContent = `${pack.price} ⭐`;
+      item.appendChild(button);
+      list.appendChild(item);
+    }
+  }
+
+  async function buy(packId) {
+    const before = (await call("GET", "balance")).available;
+    const { invoice_link: link } = await call("POST", "invoice", { pack_id: packId });
+    tg.openInvoice(link, (status) => {
+      if (status === "paid") guarded(() => waitForCredit(before));
+      else if (status === "failed") notify("The payment did not go through.");
+    });
+  }
+
+  async function waitForCredit(before) {
+    // Telegram tells the bot, and the bot credits; the page only waits to see it.
+    notify("Payment received: crediting your tokens…");
+    for (let attempt = 0; attempt < 40; attempt += 1) {
+      await loadBalance();
+      if (state.balance.available > before) {
+        notify(`Credited: +${number.format(state.balance.available - before)} tokens.`);
+        return show("balance").then(() => notify(`Credited: +${number.format(state.balance.available - before)} tokens.`));
+      }
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+    }
+    notify("The payment is being credited; the bot will confirm it in the chat.");
+  }
+
+  // ---- Support.
+  async function loadSupport() {
+    const { messages } = await call("GET", "support");
+    const thread = $("#thread");
+    thread.textContent = "";
+    for (const message of messages) {
+      const item = document.createElement("li");
+      item.className = message.from_operator ? "theirs" : "mine";
+      item.textContent = message.text;
+      const time = document.createElement("time");
+      time.textContent = new Date(message.at).toISOString().slice(0, 16).replace("T", " ");
+      item.appendChild(time);
+      thread.appendChild(item);
+    }
+    $("#thread-empty").hidden = messages.length > 0;
+  }
+
+  // ---- Operator.
+  async function loadOperator() {
+    const report = await call("GET", `operator?days=${state.operatorDays}`);
+    document.querySelector('[data-op="revenue"]').textContent = `${number.format(report.revenue)} ⭐`;
+    const packs = [...new Set(report.sales.map((row) => row.pack))].sort();
+    const index = Object.fromEntries(report.days.map((day, at) => [day, at]));
+    draw("revenue-chart", report.days, packs.map((pack) => {
+      const values = report.days.map(() => 0);
+      for (const row of report.sales) if (row.pack === pack && row.day in index) values[index[row.day]] += row.stars;
+      return { label: `${pack} ⭐`, values };
+    }));
+    fill("sales-table", report.sales.slice().reverse().map((r) => [r.day, r.pack, r.purchases, r.stars]));
+    fill("refunds-table", report.refunds.slice().reverse().map((r) => [r.day, r.refunds, r.stars]));
+    const byDay = (field) => report.days.map((day) => {
+      const found = report.buyers.find((row) => row.day === day);
+      return found ? found[field] : 0;
+    });
+    draw("buyers-chart", report.days, [
+      { label: "new", values: byDay("new") },
+      { label: "paying", values: byDay("paying") },
+    ]);
+    draw("tokens-chart", report.days, usageSeries(report.usage));
+    fill("tokens-table", usageRows(report.usage));
+    fill("top-table", report.top_accounts.map((a) => [a.name || `#${a.account_id}`, a.used, a.stars]));
+    document.querySelector('[data-op="holds"]').textContent = number.format(report.open_holds.holds);
+    document.querySelector('[data-op="held"]').textContent = number.format(report.open_holds.tokens);
+    fill("stray-table", report.stray_charges.map((s) => [s.charge_id, String(s.telegram_id), s.stars, s.reason]));
+    fill("queue-table", report.support_queue.map((w) => [w.name || String(w.telegram_id), w.text]));
+    fill("upstream-table", report.upstreams.map((u) => [u.model, u.url, u.up ? "up" : "down"]));
+  }
+
+  // ---- Wiring.
+  function wire() {
+    $("#tabs").addEventListener("click", (event) => {
+      const tab = event.target.closest("button[data-page]");
+      if (tab) show(tab.dataset.page);
+    });
+    for (const button of document.querySelectorAll("[data-goto]")) {
+      button.addEventListener("click", () => show(button.dataset.goto));
+    }
+    for (const group of document.querySelectorAll("[data-window]")) {
+      group.addEventListener("click", (event) => {
+        const button = event.target.closest("button[data-days]");
+        if (!button) return;
+        for (const other of group.querySelectorAll("button")) other.setAttribute("aria-pressed", String(other === button));
+        const days = Number(button.dataset.days);
+        if (group.dataset.window === "usage") { state.usageDays = days; guarded(loadUsage); }
+        else { state.operatorDays = days; guarded(loadOperator); }
+      });
+    }
+    $("#usage-csv").addEventListener("click", () => guarded(downloadCsv));
+    $("#key-list").addEventListener("click", (event) => guarded(() => onKeyAction(event)));
+    $("#new-key").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const name = event.target.elements.name.value.trim() || "default";
+      guarded(async () => {
+        showSecret(await call("POST", "keys", { name }));
+        event.target.reset();
+        await loadKeys();
+      });
+    });
+    $("#copy-secret").addEventListener("click", () => {
+      navigator.clipboard.writeText($("#new-secret-value").textContent).then(() => notify("Copied."), () => {});
+    });
+    $("#accept-terms").addEventListener("click", () => guarded(async () => {
+      await call("POST", "terms");
+      await loadShop();
+    }));
+    $("#packs").addEventListener("click", (event) => {
+      const button = event.target.closest("button[data-pack]");
+      if (button) guarded(() => buy(button.dataset.pack));
+    });
+    $("#support-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const text = event.target.elements.text.value.trim();
+      if (!text) return;
+      guarded(async () => {
+        const sent = await call("POST", "support", { text });
+        event.target.reset();
+        await loadSupport();
+        notify(sent.delivered ? "Sent: an operator will answer here and in the chat." : "Saved; the operators will see it.");
+      });
+    });
+  }
+
+  async function start() {
+    wire();
+    if (tg) {
+      tg.ready();
+      tg.expand();
+      // the user switched Telegram's theme: the CSS follows by itself, the charts are redrawn
+      tg.onEvent("themeChanged", () => show($('#tabs [aria-selected="true"]').dataset.page));
+    }
+    await guarded(async () => {
+      await signIn();
+      $('[data-page="operator"]').hidden = !state.me.operator;
+      const wanted = new URLSearchParams(location.search).get("page") || (tg && tg.initDataUnsafe && tg.initDataUnsafe.start_param);
+      await show(wanted in loaders ? wanted : "balance");
+    });
+  }
+
+  start();
+})();
