@@ -16,6 +16,7 @@ from api.books import Books
 from api.errors import OpenAIError, missing_key
 from api.services import Services
 from api.serving.chat import ChatService
+from api.serving.embeddings import EmbeddingsService
 from api.serving.miniapp import AppUser, MiniApp
 from api.serving.responses import ResponsesService
 
@@ -50,9 +51,14 @@ async def get_responses(services: ServicesDep) -> ResponsesService:
     return services.responses
 
 
+async def get_embeddings(services: ServicesDep) -> EmbeddingsService:
+    return services.embeddings
+
+
 BooksDep = Annotated[Books, Depends(get_books)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]
 ResponsesDep = Annotated[ResponsesService, Depends(get_responses)]
+EmbeddingsDep = Annotated[EmbeddingsService, Depends(get_embeddings)]
 
 
 async def require_key(

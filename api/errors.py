@@ -101,6 +101,16 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
+def wrong_endpoint(model: str, kind: str, endpoint: str) -> OpenAIError:
+    """A model asked for on the other kind's endpoint: an embedding model for a chat, a chat
+    model for embeddings."""
+    return invalid_request(
+        f"The model '{model}' is {kind} and cannot be used with {endpoint}.",
+        "model",
+        "model_not_supported",
+    )
+
+
 def rate_limited(limit: int, retry_after: int = 1) -> OpenAIError:
     return OpenAIError(
         429,

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api.books import Books
+from api.engine.embedding.protocol import EmbeddingClient
 from api.engine.protocol import EngineClient
 from api.errors import install_error_handlers
 from api.lifecycle import (
@@ -33,33 +34,49 @@ from api.metrics import Metrics
 from api.middleware import RequestContext
 from api.miniapp import STATIC_DIR
 from api.miniapp.telegram import BotApi
-from api.routes import chat, health, key, miniapp, models, responses
+from api.routes import chat, embeddings, health, key, miniapp, models, responses
 from api.services import Services
 from api.serving.chat import ChatService
+from api.serving.embeddings import EmbeddingsService
 from api.serving.miniapp import MiniApp
 from api.serving.responses import ResponsesService
 from api.settings import ApiSettings
 from billing.db import make_engine
 
 if TYPE_CHECKING:
-    from api.engine.registry import EngineConfig
+    from api.engine.registry import EngineConfig, LoadedModels
 
 logger = logging.getLogger("tokenshop.api")
 RETENTION_SWEEP_SECONDS = 3600.0  # stored responses past retention are deleted hourly
 
 
-def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None = None) -> FastAPI:
-    """The app; `engines` replaces loading `settings.models` (tests with other models)."""
+def create_app(
+    settings: ApiSettings,
+    *,
+    engines: dict[str, EngineClient] | None = None,
+    embedders: dict[str, EmbeddingClient] | None = None,
+) -> FastAPI:
+    """The app; `engines` (and `embedders`) replace loading `settings.models` (tests with other
+    models)."""
     engine_map: dict[str, EngineClient] = {}
+    embedder_map: dict[str, EmbeddingClient] = {}
     metrics = Metrics(engine_map)
     lifecycle = Lifecycle(grace_seconds=settings.shutdown_grace_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = make_engine(settings.database_url)
-        engine_map.update(engines if engines is not None else await _load_models(settings))
+        if engines is not None:
+            engine_map.update(engines)
+            embedder_map.update(embedders or {})
+        else:
+            loaded = await _load_all(settings)
+            engine_map.update(loaded.engines)
+            embedder_map.update(loaded.embedders)
         for engine in engine_map.values():
             await engine.start()
+        for embedder in embedder_map.values():
+            await embedder.start()
         books = Books(
             db=db,
             hold_ttl=timedelta(seconds=settings.hold_ttl_seconds),
@@ -70,6 +87,14 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
         )
         chat_service = ChatService(
             engines=engine_map,
+            books=books,
+            metrics=metrics,
+            settings=settings,
+            embedding_models=embedder_map,
+        )
+        embeddings_service = EmbeddingsService(
+            embedders=embedder_map,
+            chat_models=engine_map,
             books=books,
             metrics=metrics,
             settings=settings,
@@ -87,6 +112,8 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
             chat=chat_service,
             metrics=metrics,
             responses=responses_service,
+            embedders=embedder_map,
+            embeddings=embeddings_service,
             miniapp=MiniApp(
                 settings=settings,
                 db=db,
@@ -114,11 +141,14 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
                 with suppress(asyncio.CancelledError):
                     await loop
             await chat_service.finish_settling(within=5)
+            await embeddings_service.finish_settling(within=5)
             await stop_lease(books)
             if bot_api is not None:
                 await bot_api.close()
             for engine in engine_map.values():
                 await engine.shutdown()
+            for embedder in embedder_map.values():
+                await embedder.shutdown()
             db.dispose()
 
     app = FastAPI(
@@ -133,6 +163,7 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
     app.add_middleware(RequestContext, metrics=metrics, max_body=settings.max_request_bytes)
     for router in (chat.router, responses.router, models.router, key.router, health.router):
         app.include_router(router)
+    app.include_router(embeddings.router)
     app.include_router(miniapp.router)
     # after /app/api's routes, which it would otherwise shadow
     app.mount("/app", StaticFiles(directory=STATIC_DIR, html=True), name="miniapp")
@@ -140,8 +171,13 @@ def create_app(settings: ApiSettings, *, engines: dict[str, EngineClient] | None
 
 
 async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
+    """The chat models of the settings (`_load_all` for both kinds)."""
+    return (await _load_all(settings)).engines
+
+
+async def _load_all(settings: ApiSettings) -> LoadedModels:
     from api.engine.ops.library import default_library, unavailable_reason, use_huge_pages
-    from api.engine.registry import EngineConfig, load_engines
+    from api.engine.registry import EngineConfig, load_models
 
     missing = unavailable_reason() if settings.engine_int4_kernel else "ENGINE_INT4_KERNEL=0"
     library = default_library() if missing is None else None
@@ -160,15 +196,16 @@ async def _load_models(settings: ApiSettings) -> dict[str, EngineClient]:
         ops_missing=missing,
         kv_cache_dtype=settings.engine_kv_cache_dtype,
         speculative_tokens=settings.engine_speculative_tokens,
+        embedding_batch_tokens=settings.embedding_batch_tokens,
     )
     if not settings.models_file:
-        return await to_thread.run_sync(load_engines, settings.models, config)
+        return await to_thread.run_sync(load_models, settings.models, config)
     return await to_thread.run_sync(_load_models_file, settings, config)
 
 
-def _load_models_file(settings: ApiSettings, config: EngineConfig) -> dict[str, EngineClient]:
+def _load_models_file(settings: ApiSettings, config: EngineConfig) -> LoadedModels:
     """MODELS_FILE's models (it replaces MODELS): local exports and upstream servers."""
-    from api.engine.registry import load_local
+    from api.engine.registry import LoadedModels, load_export
     from api.engine.upstream import UpstreamEngine, UpstreamTimeouts
     from api.models_file import LocalModel, read_models_file
 
@@ -179,13 +216,14 @@ def _load_models_file(settings: ApiSettings, config: EngineConfig) -> dict[str, 
         read=settings.upstream_read_seconds,
         health_every=settings.upstream_health_seconds,
     )
-    engines: dict[str, EngineClient] = {}
+    loaded = LoadedModels()
     for entry in read_models_file(settings.models_file):
         if isinstance(entry, LocalModel):
-            engines[entry.name] = load_local(entry.name, entry.path, config)
+            model = load_export(entry.name, entry.path, config, truncate=entry.truncate)
+            loaded.add(entry.name, model)
         else:
-            engines[entry.name] = UpstreamEngine(entry, timeouts=timeouts)
-    return engines
+            loaded.add(entry.name, UpstreamEngine(entry, timeouts=timeouts))
+    return loaded
 
 
 def _engine_cache_dir(setting: str | None) -> Path | None:

@@ -5,6 +5,11 @@
     path = "models/demo"
 
     [[model]]
+    name = "embed"
+    path = "models/demo-embed"  # an embedding export: served at /v1/embeddings
+    truncate = true  # inputs past the model's length are cut, not refused (embedding only)
+
+    [[model]]
     name = "llama-70b"
     upstreams = ["http://gpu-a:8000/v1", "http://gpu-b:8000/v1"]
     upstream_model = "meta-llama/Llama-3.3-70B-Instruct"
@@ -42,6 +47,7 @@ FIELDS = {
     "context_length",
     "price_prompt",
     "price_completion",
+    "truncate",
 }
 UPSTREAM_ONLY = ("upstreams", "upstream_model", "api_key_env", "tokenizer", "context_length")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -56,6 +62,7 @@ class ModelsFileError(ModelLoadError):
 class LocalModel:
     name: str
     path: Path
+    truncate: bool = False  # an embedding model cuts inputs past its length (registry)
 
 
 ModelEntry = LocalModel | UpstreamConfig
@@ -98,7 +105,12 @@ def _entry(index: int, table: dict[str, Any]) -> ModelEntry:
         extra = [field for field in UPSTREAM_ONLY if field in table]
         if extra:
             raise ModelsFileError(f"model {name!r}: {extra[0]} applies only with upstreams")
-        return LocalModel(name, _local_path(name, table["path"]))
+        truncate = table.get("truncate", False)
+        if not isinstance(truncate, bool):
+            raise ModelsFileError(f"model {name!r}: truncate must be true or false")
+        return LocalModel(name, _local_path(name, table["path"]), truncate)
+    if "truncate" in table:
+        raise ModelsFileError(f"model {name!r}: truncate applies only with path")
     return _upstream(name, table)
 
 

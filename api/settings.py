@@ -16,7 +16,10 @@ from billing.settings import BillingSettings, parse_telegram_ids
 class ApiSettings(BillingSettings):
     """One object per process, handed to `create_app(settings)`."""
 
-    models: str = Field(default="models/demo", description="comma-separated export dirs")
+    models: str = Field(
+        default="models/demo,models/demo-embed",  # the demo chat and embedding models
+        description="comma-separated export dirs",
+    )
     default_max_tokens: int = 4096
     max_request_bytes: int = 2_000_000
     max_messages: int = 2048
@@ -73,6 +76,9 @@ class ApiSettings(BillingSettings):
     # decoding, api/engine/runtime/speculation.py), where the graph can verify them and only
     # while they pay: the text is the same with or without; 0 turns it off.
     engine_speculative_tokens: int = Field(default=4, ge=0, le=16)
+    # An embedding batch's rows times its longest row (api/engine/embedding/batcher.py): inputs
+    # of every request are packed under it; one input past it runs alone.
+    embedding_batch_tokens: int = Field(default=16384, ge=512)
     # Upstream OpenAI-compatible servers of the models file (api/engine/upstream/): how often
     # each is health-checked, how long a connection may take, how long the first token may take
     # before the request fails over to the next upstream, and the longest gap between tokens.

@@ -19,7 +19,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from api.errors import (
     describe_database_error,
     from_domain,
     model_not_found,
+    wrong_endpoint,
 )
 from api.metrics import Metrics
 from api.protocol import (
@@ -141,8 +142,10 @@ class ChatService:
         books: Books,
         metrics: Metrics,
         settings: ApiSettings,
+        embedding_models: Collection[str] = (),
     ) -> None:
         self.engines = engines
+        self.embedding_models = embedding_models  # a 400 naming `model`, not a 404
         self.books = books
         self.metrics = metrics
         self.settings = settings
@@ -157,6 +160,8 @@ class ChatService:
         `key_id` is the key that asked: its usage is that key's."""
         engine = self.engines.get(request.model)
         if engine is None:
+            if request.model in self.embedding_models:
+                raise wrong_endpoint(request.model, "an embedding model", "/v1/chat/completions")
             raise model_not_found(request.model)
         self.books.check_key(key_id, model=request.model)  # expired, or a model it may not use
         # From here until `_outputs` submits it, the engine counts this request as on its way,
