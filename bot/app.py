@@ -14,7 +14,10 @@ from telegram import (
     BotCommand,
     BotCommandScopeChat,
     LinkPreviewOptions,
+    MenuButtonDefault,
+    MenuButtonWebApp,
     Update,
+    WebAppInfo,
 )
 from telegram.constants import ParseMode
 from telegram.error import TelegramError
@@ -190,6 +193,7 @@ async def _post_init(application: Application) -> None:  # type: ignore[type-arg
             name="reconcile-stars",
         )
     await _set_commands(application, settings)
+    await _set_menu_button(application, settings)
 
 
 async def _set_commands(application: Application, settings: BotSettings) -> None:  # type: ignore[type-arg]
@@ -206,6 +210,20 @@ async def _set_commands(application: Application, settings: BotSettings) -> None
     except TelegramError:
         # An operator who never opened the bot has no chat yet; the bot works without menus.
         logger.warning("could not set the bot's command menu", exc_info=True)
+
+
+async def _set_menu_button(application: Application, settings: BotSettings) -> None:  # type: ignore[type-arg]
+    """The chat's menu button opens the Mini App when PUBLIC_APP_URL is set (else Telegram's
+    default, the commands, also after the setting is removed)."""
+    button = (
+        MenuButtonWebApp(plain(DEFAULT, "menu_button_app"), WebAppInfo(settings.public_app_url))
+        if settings.public_app_url
+        else MenuButtonDefault()
+    )
+    try:
+        await application.bot.set_chat_menu_button(menu_button=button)
+    except TelegramError:
+        logger.warning("could not set the bot's menu button", exc_info=True)
 
 
 def _commands(lang: Lang) -> list[BotCommand]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from telegram import InlineKeyboardButton, InlineKeyboardMarkup, ReplyKeyboardMarkup
+from telegram import InlineKeyboardButton, InlineKeyboardMarkup, ReplyKeyboardMarkup, WebAppInfo
 
 from billing.packs import Pack
 from bot.texts import LANGUAGES, Lang, number
@@ -81,7 +81,17 @@ def accept_terms(lang: Lang) -> InlineKeyboardMarkup:
     )
 
 
-def key_actions(lang: Lang, key_id: int, *, several: bool) -> InlineKeyboardMarkup:
+def open_app(lang: Lang, app_url: str, page: str) -> InlineKeyboardButton:
+    """A button that opens the Mini App (PUBLIC_APP_URL) on one of its pages."""
+    separator = "&" if "?" in app_url else "?"
+    return InlineKeyboardButton(
+        t(lang, "button_open_app"), web_app=WebAppInfo(f"{app_url}{separator}page={page}")
+    )
+
+
+def key_actions(
+    lang: Lang, key_id: int, *, several: bool, app_url: str | None = None
+) -> InlineKeyboardMarkup:
     rows = [
         [_button(lang, "button_snippet", f"{KEY}snippet:{key_id}")],
         [
@@ -93,6 +103,8 @@ def key_actions(lang: Lang, key_id: int, *, several: bool) -> InlineKeyboardMark
     ]
     if several:
         rows.append([_button(lang, "button_all_keys", f"{KEY}list")])
+    if app_url:
+        rows.append([open_app(lang, app_url, "keys")])
     return InlineKeyboardMarkup(rows)
 
 
@@ -151,14 +163,19 @@ def write_to_support(
     )
 
 
-def usage_pages(lang: Lang, page: int, older: bool) -> InlineKeyboardMarkup:
-    """Paging through usage by day, newest first, and the CSV export."""
+def usage_pages(
+    lang: Lang, page: int, older: bool, app_url: str | None = None
+) -> InlineKeyboardMarkup:
+    """Paging through usage by day, newest first, the CSV export, and the Mini App's chart."""
     row = []
     if older:
         row.append(_button(lang, "button_older", f"{USAGE}page:{page + 1}"))
     if page > 0:
         row.append(_button(lang, "button_newer", f"{USAGE}page:{page - 1}"))
-    return InlineKeyboardMarkup([row, [_button(lang, "button_csv", f"{USAGE}csv")]])
+    rows = [row, [_button(lang, "button_csv", f"{USAGE}csv")]]
+    if app_url:
+        rows.append([open_app(lang, app_url, "usage")])
+    return InlineKeyboardMarkup(rows)
 
 
 def languages(names: dict[str, str]) -> InlineKeyboardMarkup:

@@ -29,6 +29,9 @@ class BotSettings(BillingSettings):
     snippet_model: str = "demo"  # the model named in the ready-to-paste snippet
     # e.g. "@shop_support" or an e-mail address, shown by /paysupport beside the in-bot support
     support_contact: str = ""
+    # The Mini App's address (https, e.g. https://shop.example.com/app/, docs/miniapp.md): the
+    # menu button and buttons under My key and Balance open it. Unset: the bot works as before.
+    public_app_url: str | None = None
 
     webhook_url: str | None = None  # set to run in webhook mode instead of long polling
     webhook_secret_token: SecretStr | None = None  # required with WEBHOOK_URL
@@ -54,6 +57,13 @@ class BotSettings(BillingSettings):
     @classmethod
     def _split_ids(cls, value: Any) -> Any:
         return parse_telegram_ids(value)
+
+    @field_validator("public_app_url")
+    @classmethod
+    def _app_url_is_https(cls, value: str | None) -> str | None:
+        if value and not value.startswith("https://"):
+            raise ValueError("PUBLIC_APP_URL must be an https:// address: Telegram opens no other")
+        return value or None
 
     @model_validator(mode="after")
     def _production_needs_operators(self) -> BotSettings:

@@ -66,7 +66,8 @@ async def _page(
         parts.append(t(language, "balance_no_history"))
     if balance.available <= 0:
         parts.append(t(language, "balance_empty_hint"))
-    markup = keyboards.usage_pages(language, page, older) if rows or page else None
+    app_url = runtime(context).settings.public_app_url
+    markup = keyboards.usage_pages(language, page, older, app_url) if rows or page else None
     return lines(parts), markup
 
 

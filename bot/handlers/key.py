@@ -221,7 +221,9 @@ async def _card(
         ),
     ]
     parts.extend(usage_line(language, row) for row in rows)
-    markup = keyboards.key_actions(language, view.id, several=count > 1)
+    markup = keyboards.key_actions(
+        language, view.id, several=count > 1, app_url=runtime(context).settings.public_app_url
+    )
     return lines(parts), markup
 
 

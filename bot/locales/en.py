@@ -221,6 +221,8 @@ TEXTS: dict[str, str] = {
     "button_older": "« Older",
     "button_newer": "Newer »",
     "button_csv": "📄 CSV",
+    "button_open_app": "📊 Open the app",
+    "menu_button_app": "Open app",
     "stray_reason_paid": "this order had already been paid",
     "stray_reason_unknown": "the invoice matched no order of ours",
     "stray_reason_someone_else": "the invoice belonged to another user",

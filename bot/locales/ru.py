@@ -219,6 +219,8 @@ TEXTS: dict[str, str] = {
     "button_older": "« Раньше",
     "button_newer": "Позже »",
     "button_csv": "📄 CSV",
+    "button_open_app": "📊 Открыть приложение",
+    "menu_button_app": "Приложение",
     "stray_reason_paid": "этот заказ уже был оплачен",
     "stray_reason_unknown": "счёт не соответствует ни одному нашему заказу",
     "stray_reason_someone_else": "счёт был выставлен другому пользователю",
