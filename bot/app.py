@@ -43,6 +43,7 @@ from bot.handlers import (
     errors,
     growth,
     key,
+    key_limits,
     language,
     members,
     payments,
@@ -51,6 +52,7 @@ from bot.handlers import (
     support,
 )
 from bot.jobs import notices_job, reconcile_job
+from bot.key_alerts import key_alerts_job
 from bot.logs import protect_token
 from bot.runtime import RUNTIME, SETTINGS, Runtime, remember_language, runtime_of
 from bot.settings import BotSettings
@@ -161,11 +163,14 @@ def _add_handlers(application: Application, settings: BotSettings) -> None:  # t
 
 
 async def replies(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-    """A text sent as a reply to one of the bot's messages: a key's new name, or support."""
+    """A text sent as a reply to one of the bot's messages: a key's new name or limits, or
+    support."""
     message = update.effective_message
     assert message is not None and message.reply_to_message is not None
     if key.is_rename_prompt(message.reply_to_message.text):
         await key.on_rename_reply(update, context)
+    elif key_limits.is_limits_prompt(message.reply_to_message.text):
+        await key.on_limits_reply(update, context)
     else:
         await support.on_reply(update, context)
 
@@ -191,6 +196,12 @@ async def _post_init(application: Application) -> None:  # type: ignore[type-arg
             interval=settings.reconcile_interval_seconds,
             first=FIRST_RECONCILE_AFTER_S,
             name="reconcile-stars",
+        )
+        application.job_queue.run_repeating(
+            key_alerts_job,
+            interval=settings.notice_interval_seconds,
+            first=FIRST_NOTICES_AFTER_S,
+            name="key-alerts",
         )
     await _set_commands(application, settings)
     await _set_menu_button(application, settings)

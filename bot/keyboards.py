@@ -93,7 +93,10 @@ def key_actions(
     lang: Lang, key_id: int, *, several: bool, app_url: str | None = None
 ) -> InlineKeyboardMarkup:
     rows = [
-        [_button(lang, "button_snippet", f"{KEY}snippet:{key_id}")],
+        [
+            _button(lang, "button_snippet", f"{KEY}snippet:{key_id}"),
+            _button(lang, "button_limits", f"{KEY}limits:{key_id}"),
+        ],
         [
             _button(lang, "button_rename", f"{KEY}rename:{key_id}"),
             _button(lang, "button_rotate", f"{KEY}rotate:{key_id}"),

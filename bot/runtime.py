@@ -128,7 +128,10 @@ async def first_contact(
         if contact.starter_tokens:  # tokens to try the API with, and the key to use them
             assert contact.account.id is not None
             keys.ensure_key(
-                session=session, account_id=contact.account.id, secret_key=shop.secret_key
+                session=session,
+                account_id=contact.account.id,
+                secret_key=shop.secret_key,
+                defaults=shop.settings.key_defaults(),
             )
         return contact
 

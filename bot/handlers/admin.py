@@ -264,7 +264,12 @@ async def grant(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         ledger.grant(
             session=session, account_id=account.id, tokens=tokens, note=f"/grant by {admin_id}"
         )
-        keys.ensure_key(session=session, account_id=account.id, secret_key=shop.secret_key)
+        keys.ensure_key(
+            session=session,
+            account_id=account.id,
+            secret_key=shop.secret_key,
+            defaults=shop.settings.key_defaults(),
+        )
         return ledger.get_balance(session=session, account_id=account.id).available, (
             account.chosen_language or account.language
         )

@@ -30,7 +30,12 @@ async def redeem_promo(update: Update, context: ContextTypes.DEFAULT_TYPE) -> No
 
     def work(session: Session) -> tuple[promos.Redeemed, int]:
         redeemed = promos.redeem(session=session, account_id=account_id, code=args[0])
-        keys.ensure_key(session=session, account_id=account_id, secret_key=shop.secret_key)
+        keys.ensure_key(
+            session=session,
+            account_id=account_id,
+            secret_key=shop.secret_key,
+            defaults=shop.settings.key_defaults(),
+        )
         return redeemed, ledger.get_balance(session=session, account_id=account_id).available
 
     try:

@@ -1,5 +1,6 @@
 """My keys: several named keys per account, each shown masked (and in full behind a spoiler)
-with its own usage; create, rename, rotate and revoke (revoking leaves no replacement).
+with its own usage and limits; create, rename, limit, rotate and revoke (revoking leaves no
+replacement; rotating keeps the limits and their spend).
 
 A key is re-derived from its salt each time (billing stores no key), so showing it again costs
 nothing. Rotating and revoking ask first, because the old key stops working at once. Buttons
@@ -16,10 +17,12 @@ from telegram import ForceReply, Update
 from telegram.ext import ContextTypes
 
 from billing import keys
-from billing.errors import KeyNotFound, TooManyKeys
+from billing.errors import InvalidLimits, KeyNotFound, TooManyKeys
+from billing.key_limits import KeyReport
 from billing.models import ApiKey
 from billing.stats import KeyUsage, UsageRow, usage_by_day, usage_by_key
 from bot import keyboards
+from bot.handlers import key_limits
 from bot.runtime import account_of, lang, runtime
 from bot.texts import LANGUAGES, Html, Lang, lines, number, plain, snippet, t
 
@@ -97,6 +100,8 @@ async def on_key_action(update: Update, context: ContextTypes.DEFAULT_TYPE) -> N
         await _rotate(update, context, language, view)
     elif action == "revoke-yes":
         await _revoke(update, context, language, view)
+    elif action == "limits":
+        await key_limits.ask(update, context, view.name, view.id)
     elif action == "rename":
         await update.effective_message.reply_text(
             plain(language, "rename_prompt", name=view.name, id=view.id),
@@ -135,6 +140,30 @@ async def on_rename_reply(update: Update, context: ContextTypes.DEFAULT_TYPE) ->
         await message.reply_text(t(language, "key_gone"))
         return
     await message.reply_text(t(language, "renamed", name=renamed))
+    await show_key(update, context)
+
+
+async def on_limits_reply(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """New limits, sent as a reply to the 🚦 Limits prompt; then the card again."""
+    message = update.effective_message
+    assert message is not None and message.reply_to_message is not None
+    key_id = key_limits.key_id_in_prompt(message.reply_to_message.text)
+    account = await account_of(update, context)
+    assert account.id is not None
+    account_id = account.id
+    text = message.text or ""
+    language = lang(update, context)
+    try:
+        name = await runtime(context).run(
+            lambda s: key_limits.set_from_text(s, account_id=account_id, key_id=key_id, text=text)
+        )
+    except InvalidLimits as error:
+        await message.reply_text(t(language, "limits_invalid", error=str(error)))
+        return
+    except KeyNotFound:
+        await message.reply_text(t(language, "key_gone"))
+        return
+    await message.reply_text(t(language, "limits_set", name=name))
     await show_key(update, context)
 
 
@@ -197,13 +226,13 @@ async def _card(
     assert account.id is not None
     account_id = account.id
 
-    def work(session: Session) -> list[UsageRow]:
+    def work(session: Session) -> tuple[list[UsageRow], KeyReport | None]:
         rows, _ = usage_by_day(
             session=session, account_id=account_id, key_id=view.id, per_page=CARD_USAGE_ROWS
         )
-        return rows
+        return rows, key_limits.read_report(session, view.id)
 
-    rows = await runtime(context).read(work)
+    rows, report = await runtime(context).read(work)
     parts = [
         t(
             language,
@@ -219,6 +248,7 @@ async def _card(
             requests=number(language, view.usage.requests),
             tokens=number(language, view.usage.charged),
         ),
+        key_limits.describe(language, report),
     ]
     parts.extend(usage_line(language, row) for row in rows)
     markup = keyboards.key_actions(
@@ -258,7 +288,11 @@ async def _create(update: Update, context: ContextTypes.DEFAULT_TYPE, language: 
 
     def work(session: Session) -> int:
         row, _ = keys.create_key(
-            session=session, account_id=account_id, secret_key=shop.secret_key, name=name
+            session=session,
+            account_id=account_id,
+            secret_key=shop.secret_key,
+            name=name,
+            defaults=shop.settings.key_defaults(),
         )
         assert row.id is not None
         return row.id

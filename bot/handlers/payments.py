@@ -210,7 +210,10 @@ def delivery_for(session: Session, shop: Runtime, account_id: int, tokens: int) 
     """After a credit: the balance, and the key if this was the first purchase. Issuing the key
     here, in the crediting transaction, means a paid buyer always has one."""
     key, created = keys.ensure_key(
-        session=session, account_id=account_id, secret_key=shop.secret_key
+        session=session,
+        account_id=account_id,
+        secret_key=shop.secret_key,
+        defaults=shop.settings.key_defaults(),
     )
     first = len(purchases.recent_purchases(session=session, account_id=account_id, limit=2)) == 1
     balance = ledger.get_balance(session=session, account_id=account_id)

@@ -218,6 +218,45 @@ TEXTS: dict[str, str] = {
     "revoked": "🗑 The key «{name}» was revoked.\n",
     "renamed": "✏️ The key is now called «{name}».",
     "rename_prompt": "✏️ New name for the key «{name}» (#{id}): reply to this message.",
+    "button_limits": "🚦 Limits",
+    "key_limits": "\n🚦 <b>Limits</b>: {limits}",
+    "key_limits_none": "\n🚦 <b>Limits</b>: none; this key can spend the whole balance.",
+    "limit_spend": "spent {spent} of {limit} tokens this {period} (resets {resets})",
+    "limit_spend_total": "spent {spent} of {limit} tokens in all",
+    "period_daily": "day",
+    "period_weekly": "week",
+    "period_monthly": "month",
+    "limit_expires": "expires {when}",
+    "limit_models": "models {models}",
+    "limit_rpm": "{rpm} requests a minute",
+    "limit_tpm": "{tpm} tokens a minute",
+    "limits_prompt": (
+        "🚦 Limits for the key «{name}» (#{id}): reply to this message with what to change, "
+        "e.g.\nspend 5000 daily; rpm 60; tpm 20000; models demo; expires 2027-01-31\n"
+        "Periods: daily, weekly, monthly (UTC) or total. «rpm off» removes one limit, "
+        "«clear» removes them all."
+    ),
+    "limits_set": "🚦 The limits of «{name}» are set; every server applies them within seconds.",
+    "limits_invalid": "🚦 Nothing changed: {error}",
+    "key_alert_80": (
+        "⚠️ Your key «{name}» (…{hint}) has spent {spent} of its {limit} tokens this {period}: "
+        "80% of its limit. It resets {resets}."
+    ),
+    "key_alert_80_total": (
+        "⚠️ Your key «{name}» (…{hint}) has spent {spent} of its {limit} tokens: 80% of its limit."
+    ),
+    "key_alert_100": (
+        "⛔ Your key «{name}» (…{hint}) has spent its limit of {limit} tokens this {period}; "
+        "it refuses requests until {resets}. Raise it in 🔑 My key → 🚦 Limits."
+    ),
+    "key_alert_100_total": (
+        "⛔ Your key «{name}» (…{hint}) has spent its limit of {limit} tokens; it refuses "
+        "requests until you raise it in 🔑 My key → 🚦 Limits."
+    ),
+    "key_alert_expiry": (
+        "⏳ Your key «{name}» (…{hint}) expires {when}. Set a later expiry in 🔑 My key → "
+        "🚦 Limits, or create a new key."
+    ),
     "button_older": "« Older",
     "button_newer": "Newer »",
     "button_csv": "📄 CSV",

@@ -216,6 +216,45 @@ TEXTS: dict[str, str] = {
     "revoked": "🗑 Ключ «{name}» отозван.\n",
     "renamed": "✏️ Теперь ключ называется «{name}».",
     "rename_prompt": "✏️ Новое имя для ключа «{name}» (#{id}): ответьте на это сообщение.",
+    "button_limits": "🚦 Лимиты",
+    "key_limits": "\n🚦 <b>Лимиты</b>: {limits}",
+    "key_limits_none": "\n🚦 <b>Лимиты</b>: нет; ключ может тратить весь баланс.",
+    "limit_spend": "потрачено {spent} из {limit} токенов за {period} (сброс {resets})",
+    "limit_spend_total": "потрачено {spent} из {limit} токенов всего",
+    "period_daily": "день",
+    "period_weekly": "неделю",
+    "period_monthly": "месяц",
+    "limit_expires": "действует до {when}",
+    "limit_models": "модели {models}",
+    "limit_rpm": "{rpm} запросов в минуту",
+    "limit_tpm": "{tpm} токенов в минуту",
+    "limits_prompt": (
+        "🚦 Лимиты ключа «{name}» (#{id}): ответьте на это сообщение, что изменить, "
+        "например:\nspend 5000 daily; rpm 60; tpm 20000; models demo; expires 2027-01-31\n"
+        "Периоды: daily, weekly, monthly (UTC) или total. «rpm off» снимает один лимит, "
+        "«clear» — все."
+    ),
+    "limits_set": "🚦 Лимиты ключа «{name}» заданы; все серверы применят их за несколько секунд.",
+    "limits_invalid": "🚦 Ничего не изменено: {error}",
+    "key_alert_80": (
+        "⚠️ Ключ «{name}» (…{hint}) потратил {spent} из {limit} токенов за {period}: 80% "
+        "лимита. Сброс {resets}."
+    ),
+    "key_alert_80_total": (
+        "⚠️ Ключ «{name}» (…{hint}) потратил {spent} из {limit} токенов: 80% лимита."
+    ),
+    "key_alert_100": (
+        "⛔ Ключ «{name}» (…{hint}) исчерпал лимит в {limit} токенов за {period}; до {resets} "
+        "он отклоняет запросы. Поднять лимит: 🔑 Мой ключ → 🚦 Лимиты."
+    ),
+    "key_alert_100_total": (
+        "⛔ Ключ «{name}» (…{hint}) исчерпал лимит в {limit} токенов; он отклоняет запросы, "
+        "пока вы не поднимете лимит: 🔑 Мой ключ → 🚦 Лимиты."
+    ),
+    "key_alert_expiry": (
+        "⏳ Ключ «{name}» (…{hint}) перестанет действовать {when}. Продлите его в 🔑 Мой ключ → "
+        "🚦 Лимиты или создайте новый ключ."
+    ),
     "button_older": "« Раньше",
     "button_newer": "Позже »",
     "button_csv": "📄 CSV",

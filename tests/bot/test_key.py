@@ -61,6 +61,7 @@ async def test_my_key_shows_a_masked_preview_and_the_key_behind_a_spoiler(
     key_id = key_id_on_card(telegram)
     assert card_buttons(telegram) == [
         f"key:snippet:{key_id}",
+        f"key:limits:{key_id}",
         f"key:rename:{key_id}",
         f"key:rotate:{key_id}",
         f"key:revoke:{key_id}",
