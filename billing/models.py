@@ -127,6 +127,9 @@ class Order(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime
     paid_at: datetime | None = None
+    # set for a monthly plan: the invoice link asks Telegram to charge again every this many
+    # seconds, and every charge names this order (billing.subscriptions)
+    subscription_period: int | None = None
 
 
 class Purchase(SQLModel, table=True):
@@ -149,6 +152,8 @@ class Purchase(SQLModel, table=True):
     refunded_tokens: int = Field(default=0, sa_type=TOKENS)
     # tokens already spent when the refund came
     refund_shortfall: int = Field(default=0, sa_type=TOKENS)
+    # a monthly plan's charge (its first or a renewal); None for a pack
+    subscription_id: int | None = Field(default=None, foreign_key="subscription.id", index=True)
 
 
 class LedgerEntry(SQLModel, table=True):
@@ -364,3 +369,26 @@ class StoredResponse(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, index=True)
     conversation: str  # JSON: the input items that led to it, earlier turns included
     response: str  # JSON: the response object as it was sent
+
+
+class Subscription(SQLModel, table=True):
+    """A monthly plan bought with Telegram Stars: started by its order's first charge and charged
+    again by Telegram every period until the buyer cancels. Each charge is a `Purchase` naming
+    it; the plan is snapshotted like a pack (billing.subscriptions)."""
+
+    __tablename__ = "subscription"
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: int = Field(foreign_key="account.id", index=True)
+    order_id: str = Field(foreign_key="order.id", max_length=64, unique=True)  # every payload
+    plan_id: str = Field(max_length=64)
+    plan_title: str = Field(max_length=255)
+    tokens: int = Field(sa_type=TOKENS)  # credited by each charge
+    price: int  # Stars per period
+    period_seconds: int
+    # the first charge's id: editUserStarSubscription names the subscription by it
+    first_charge_id: str | None = Field(default=None, max_length=255, unique=True)
+    expires_at: datetime = Field(index=True)  # the paid period's end: Telegram charges again then
+    canceled_at: datetime | None = None  # cancelled in the bot: it ends at `expires_at`
+    reminded_for: datetime | None = None  # the period end whose renewal notice was sent
+    created_at: datetime = Field(default_factory=utcnow)

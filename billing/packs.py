@@ -37,23 +37,31 @@ def parse_catalog(spec: str | None) -> tuple[Pack, ...]:
     """Parse `PACKS`; an empty value means the built-in catalog. Raises ValueError on bad items."""
     if not spec or not spec.strip():
         return DEFAULT_CATALOG
-    packs = tuple(_parse_item(item.strip()) for item in spec.split(",") if item.strip())
+    return parse_items(spec, "PACKS")
+
+
+def parse_items(spec: str, setting: str) -> tuple[Pack, ...]:
+    """`id:tokens:stars[:title]` items separated by commas (`PACKS`, `PLANS`); errors name
+    `setting`."""
+    packs = tuple(_parse_item(item.strip(), setting) for item in spec.split(",") if item.strip())
     ids = [pack.id for pack in packs]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"PACKS has duplicate pack ids: {', '.join(ids)}")
+        raise ValueError(f"{setting} has duplicate ids: {', '.join(ids)}")
     return packs
 
 
-def _parse_item(item: str) -> Pack:
+def _parse_item(item: str, setting: str) -> Pack:
     parts = item.split(":", 3)
     if len(parts) < 3:
-        raise ValueError(f"PACKS item {item!r} is not id:tokens:stars[:title]")
+        raise ValueError(f"{setting} item {item!r} is not id:tokens:stars[:title]")
     pack_id, tokens, price = parts[0].strip(), parts[1].strip(), parts[2].strip()
     title = parts[3].strip() if len(parts) == 4 else pack_id.capitalize()
     if not _PACK_ID.match(pack_id):
-        raise ValueError(f"PACKS id {pack_id!r} must be 1-32 of a-z, 0-9, _ or -")
+        raise ValueError(f"{setting} id {pack_id!r} must be 1-32 of a-z, 0-9, _ or -")
     if not (tokens.isdigit() and price.isdigit() and int(tokens) > 0 and int(price) > 0):
-        raise ValueError(f"PACKS item {item!r}: tokens and stars must be positive whole numbers")
+        raise ValueError(
+            f"{setting} item {item!r}: tokens and stars must be positive whole numbers"
+        )
     return Pack(pack_id, title, int(tokens), int(price))
 
 

@@ -5,6 +5,10 @@ invoice payload. The pre-checkout check reads only the database, so it answers w
 Telegram's 10 seconds. A purchase is credited once per `telegram_payment_charge_id`, enforced by
 a unique constraint, so a repeated update, a restart or two workers never credit twice. The
 first purchase of a referred buyer pays the referrer's share in the same transaction.
+
+A monthly plan's order is paid by its first charge like a pack's, and Telegram then charges
+again every period naming the same order: each such charge is credited once per charge id too,
+as a purchase of the plan's subscription (`billing.subscriptions`).
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from billing import subscriptions
 from billing.errors import OrderError, PurchaseNotFound
 from billing.ledger import credit, get_balance, lock_account
-from billing.models import Account, Order, Purchase, Referral, utcnow
+from billing.models import Account, Order, Purchase, Referral, Subscription, utcnow
 from billing.packs import Pack
+from billing.plans import Plan
 from billing.referrals import Reward, referrer_of, reward
+from billing.subscriptions import PlanCharge
 
 ORDER_TTL = timedelta(hours=1)
 
@@ -31,6 +38,7 @@ class CreditResult:
     purchase: Purchase
     newly_credited: bool
     referral: Reward | None = None  # the referrer's share this purchase paid
+    subscription: Subscription | None = None  # the plan this charge started or renewed
 
 
 def create_order(
@@ -47,6 +55,7 @@ def create_order(
         currency=pack.currency,
         created_at=now,
         expires_at=now + ttl,
+        subscription_period=pack.period_seconds if isinstance(pack, Plan) else None,
     )
     session.add(order)
     session.flush()
@@ -80,16 +89,14 @@ def credit_purchase(
     pack: Pack,
     order_id: str | None = None,
     provider_charge_id: str | None = None,
+    subscription_id: int | None = None,
 ) -> CreditResult:
     """Record a paid charge and credit its tokens, once per charge id whatever the retries, and
     once per order: a second charge id for a paid order raises OrderError (reason "paid")."""
     existing = _find_purchase(session, charge_id)
     if existing is not None:
         return CreditResult(existing, newly_credited=False)
-    # Both accounts' rows before any row that refers to them, in ascending id (billing.locks).
-    referrer = referrer_of(session=session, account_id=account_id)
-    for locked in sorted({account_id, referrer or account_id}):
-        lock_account(session, locked)
+    _lock_buyer(session, account_id)
     purchase = Purchase(
         account_id=account_id,
         order_id=order_id,
@@ -100,6 +107,7 @@ def credit_purchase(
         tokens=pack.tokens,
         price=pack.price,
         currency=pack.currency,
+        subscription_id=subscription_id,
     )
     try:
         with session.begin_nested():
@@ -128,6 +136,14 @@ def credit_purchase(
     return CreditResult(purchase, newly_credited=True, referral=paid)
 
 
+def _lock_buyer(session: Session, account_id: int) -> None:
+    """The buyer's and their referrer's rows before any row that refers to them, in ascending
+    id (billing.locks)."""
+    referrer = referrer_of(session=session, account_id=account_id)
+    for locked in sorted({account_id, referrer or account_id}):
+        lock_account(session, locked)
+
+
 def _mark_paid(session: Session, order_id: str) -> bool:
     """Mark the order paid, unless it already is; the row lock makes two charges racing for one
     order take turns, and the second finds it paid."""
@@ -146,15 +162,20 @@ def credit_order_payment(
     telegram_id: int,
     charge_id: str,
     provider_charge_id: str | None = None,
+    plan_charge: PlanCharge | None = None,
 ) -> CreditResult:
     """Credit a successful payment for an order. Telegram has taken the Stars by now, so an
-    expired order is still honoured; only an order of somebody else is refused."""
+    expired order is still honoured; only an order of somebody else is refused. A plan's
+    order is credited once per charge: its first and every renewal (`plan_charge` says which,
+    and the period paid for)."""
     order = session.get(Order, order_id)
     if order is None:
         raise OrderError(f"Payment {charge_id!r} names an unknown order.", "unknown")
     owner = session.get(Account, order.account_id)
     if owner is None or owner.telegram_id != telegram_id:
         raise OrderError(f"Payment {charge_id!r} is for an order of another user.", "someone_else")
+    if order.subscription_period is not None:
+        return _credit_plan_charge(session, order, charge_id, provider_charge_id, plan_charge)
     pack = Pack(order.pack_id, order.pack_title, order.tokens, order.price, order.currency)
     return credit_purchase(
         session=session,
@@ -163,6 +184,61 @@ def credit_order_payment(
         pack=pack,
         order_id=order.id,
         provider_charge_id=provider_charge_id,
+    )
+
+
+def _credit_plan_charge(
+    session: Session,
+    order: Order,
+    charge_id: str,
+    provider_charge_id: str | None,
+    plan_charge: PlanCharge | None,
+) -> CreditResult:
+    """One charge of a plan's subscription. The first pays the order (a second "first" charge
+    for it raises OrderError, as a second payment of a pack's order does); a renewal is a
+    purchase of the subscription the first started. A renewal arriving before its first charge
+    (whose update was lost) starts the subscription, and the first charge, found later, still
+    pays the order."""
+    assert order.subscription_period is not None
+    charge = plan_charge or PlanCharge(
+        expires_at=utcnow() + timedelta(seconds=order.subscription_period), first=None
+    )
+    existing = _find_purchase(session, charge_id)
+    if existing is None:
+        _lock_buyer(session, order.account_id)  # one caller at a time from here on
+        existing = _find_purchase(session, charge_id)
+    subscription = subscriptions.for_order(session=session, order_id=order.id)
+    if existing is not None:
+        return CreditResult(existing, newly_credited=False, subscription=subscription)
+    if subscription is None:
+        subscription = subscriptions.start(
+            session=session, order=order, expires_at=charge.expires_at
+        )
+    first = charge.first if charge.first is not None else subscription.first_charge_id is None
+    if first and subscription.first_charge_id not in (None, charge_id):
+        raise OrderError(
+            f"Order {order.id} is already paid; charge {charge_id!r} was not credited.", "paid"
+        )
+    assert subscription.id is not None
+    plan = Pack(order.pack_id, order.pack_title, order.tokens, order.price, order.currency)
+    result = credit_purchase(
+        session=session,
+        account_id=order.account_id,
+        charge_id=charge_id,
+        pack=plan,
+        order_id=order.id if first else None,
+        provider_charge_id=provider_charge_id,
+        subscription_id=subscription.id,
+    )
+    subscriptions.record_charge(
+        session=session,
+        subscription=subscription,
+        charge_id=charge_id,
+        first=first,
+        expires_at=charge.expires_at,
+    )
+    return CreditResult(
+        result.purchase, result.newly_credited, result.referral, subscription=subscription
     )
 
 

@@ -6,7 +6,8 @@ Telegram retries, a handler crashed after the payment), and a refund can be made
 the bot. Walking the transactions in order repairs both: a paid charge we never recorded is
 credited through its order, exactly as the update would have done (and just as idempotently); a
 refund we never recorded is reversed. Anything that cannot be matched safely is reported for a
-human, never guessed at.
+human, never guessed at. A plan's renewal names its first order like the first charge did; one
+whose update was lost is credited to the plan's subscription, for the period Telegram lists.
 
 This module knows nothing of Telegram's types: the bot turns each transaction into a
 `StarCharge`.
@@ -15,6 +16,7 @@ This module knows nothing of Telegram's types: the bot turns each transaction in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
 from sqlmodel import Session, col, select
@@ -24,6 +26,7 @@ from billing.errors import OrderError
 from billing.ledger import refund_purchase
 from billing.models import Account, Order, Purchase
 from billing.purchases import credit_order_payment
+from billing.subscriptions import PlanCharge
 
 Outcome = Literal["matched", "credited", "refunded", "problem", "ignored"]
 
@@ -37,6 +40,8 @@ class StarCharge:
     amount: int  # Stars
     payload: str | None  # the invoice payload (our order id) of an incoming payment
     refund: bool  # True for the bot paying the Stars back
+    date: datetime | None = None  # when Telegram took the Stars
+    subscription_period: int | None = None  # seconds, for a subscription's charge
 
 
 @dataclass(frozen=True)
@@ -90,11 +95,20 @@ def _credit_missing(session: Session, charge: StarCharge) -> ChargeResult:
             order_id=order.id,
             telegram_id=charge.telegram_id,
             charge_id=charge.charge_id,
+            plan_charge=_plan_charge(charge),
         )
     except OrderError as error:
         return _problem(f"charge {charge.charge_id}: {error}")
     outcome: Outcome = "credited" if result.newly_credited else "matched"
     return ChargeResult(outcome, result.purchase, tokens=result.purchase.tokens)
+
+
+def _plan_charge(charge: StarCharge) -> PlanCharge | None:
+    """A subscription's charge pays for the period from its date on; whether it was the first
+    is left to the books (transactions are walked oldest first)."""
+    if charge.subscription_period is None or charge.date is None:
+        return None
+    return PlanCharge(charge.date + timedelta(seconds=charge.subscription_period), first=None)
 
 
 def _reconcile_refund(

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from billing.errors import InvalidLimits
 from billing.key_limits import KeyDefaults, parse_defaults
 from billing.packs import Pack, parse_catalog
+from billing.plans import Plan, parse_plans
 from billing.prices import Price, parse_model_prices, price_table
 
 DEFAULT_SECRET_FILE = Path(".tokenshop-secret")
@@ -37,6 +38,7 @@ class BillingSettings(BaseSettings):
     secret_key: SecretStr | None = None
     environment: Literal["development", "production"] = "development"
     packs: str | None = None
+    plans: str | None = None  # monthly plans, `id:tokens:stars[:title]` like PACKS; unset: none
     hold_ttl_seconds: int = 300
     secret_file: Path = DEFAULT_SECRET_FILE
     # The served models (docs/upstreams.md); its price fields and MODEL_PRICES ("big=2.5,...",
@@ -64,6 +66,12 @@ class BillingSettings(BaseSettings):
         parse_catalog(value)
         return value
 
+    @field_validator("plans")
+    @classmethod
+    def _plans_parse(cls, value: str | None) -> str | None:
+        parse_plans(value)
+        return value
+
     @field_validator("key_default_limits")
     @classmethod
     def _key_defaults_parse(cls, value: str) -> str:
@@ -88,6 +96,9 @@ class BillingSettings(BaseSettings):
 
     def catalog(self) -> tuple[Pack, ...]:
         return parse_catalog(self.packs)
+
+    def plan_catalog(self) -> tuple[Plan, ...]:
+        return parse_plans(self.plans)
 
     def resolved_secret_key(self) -> bytes:
         """The key material, generating the development secret file on first use."""

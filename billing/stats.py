@@ -15,7 +15,7 @@ from datetime import datetime, time
 from sqlalchemy import ColumnElement, case, func, select
 from sqlmodel import Session, col
 
-from billing.models import ApiKey, Hold, LedgerEntry, Purchase, utcnow
+from billing.models import ApiKey, Hold, LedgerEntry, Purchase, Subscription, utcnow
 
 
 @dataclass(frozen=True)
@@ -226,3 +226,55 @@ def usage_csv(*, session: Session, account_id: int, limit: int = CSV_LIMIT) -> s
             [f"{created:%Y-%m-%d %H:%M:%S}", request_id, model, key, prompt, completion, charged]
         )
     return out.getvalue()
+
+
+@dataclass(frozen=True)
+class PlanStats:
+    """Monthly plans in a period (`/stats`): a plan's first charge pays its order, a renewal
+    names only its subscription."""
+
+    started: int  # first charges
+    renewals: int
+    cancellations: int  # cancelled in the bot and not resumed
+    ended: int  # paid periods that ran out without a renewal
+    revenue: int  # Stars of every plan charge, refunded ones included
+
+
+def plan_stats(
+    *, session: Session, since: datetime | None = None, now: datetime | None = None
+) -> PlanStats:
+    """Plan figures at or after `since` (all time when None)."""
+    now = now or utcnow()
+    charges = select(
+        func.coalesce(func.sum(case((col(Purchase.order_id).is_not(None), 1), else_=0)), 0),
+        func.coalesce(func.sum(case((col(Purchase.order_id).is_(None), 1), else_=0)), 0),
+        func.coalesce(func.sum(Purchase.price), 0),
+    ).where(col(Purchase.subscription_id).is_not(None))
+    canceled = select(func.count()).where(col(Subscription.canceled_at).is_not(None))
+    ended = select(func.count()).where(col(Subscription.expires_at) <= now)
+    if since is not None:
+        charges = charges.where(col(Purchase.created_at) >= since)
+        canceled = canceled.where(col(Subscription.canceled_at) >= since)
+        ended = ended.where(col(Subscription.expires_at) >= since)
+    started, renewals, revenue = session.execute(charges).one()
+    return PlanStats(
+        started=int(started),
+        renewals=int(renewals),
+        cancellations=int(session.execute(canceled).scalar_one()),
+        ended=int(session.execute(ended).scalar_one()),
+        revenue=int(revenue),
+    )
+
+
+def running_plans(*, session: Session, now: datetime | None = None) -> tuple[int, int]:
+    """Subscriptions paid up to a time still ahead, and how many of them were cancelled (they
+    end with their period)."""
+    running, ending = session.execute(
+        select(
+            func.count(),
+            func.coalesce(
+                func.sum(case((col(Subscription.canceled_at).is_not(None), 1), else_=0)), 0
+            ),
+        ).where(col(Subscription.expires_at) > (now or utcnow()))
+    ).one()
+    return int(running), int(ending)

@@ -1,4 +1,5 @@
-"""Periodic work: balance notices and reconciliation with Telegram's Star transactions.
+"""Periodic work: balance notices, notices of plans' coming renewals, and reconciliation with
+Telegram's Star transactions.
 
 Both run from the application's job queue, and both are plain functions of the application so
 tests call them directly instead of waiting for a timer. Each runs in one bot process at a time
@@ -14,21 +15,23 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from sqlmodel import Session
 from telegram import StarTransaction, TransactionPartnerUser
 from telegram.error import TelegramError
 from telegram.ext import Application, ContextTypes
 
-from billing import job_state
+from billing import job_state, subscriptions
 from billing.accounts import get_account
 from billing.locks import single_runner
 from billing.notices import Notice, claim_notices
 from billing.reconcile import ChargeResult, StarCharge, reconcile_charge
+from billing.subscriptions import Reminder
 from bot.alerts import tell_operators
 from bot.handlers.payments import Delivery, deliver, delivery_for
 from bot.runtime import Runtime, runtime_of
-from bot.texts import language_for, number, t
+from bot.texts import language_for, number, t, when
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ MAX_PAGES_PER_RUN = 20  # the rest waits for the next run
 RECONCILE = "reconcile"  # the job's name in job_state and reported_problem
 RECONCILE_LOCK = "tokenshop.bot.reconcile"
 NOTICES_LOCK = "tokenshop.bot.notices"
+REMINDERS_LOCK = "tokenshop.bot.plan-reminders"
 INVOICE_PAYMENT = "invoice_payment"
 
 
@@ -73,6 +77,36 @@ async def send_balance_notices(application: Application) -> list[Notice]:  # typ
         except TelegramError:
             logger.info("could not send a %s notice to %s", notice.level, notice.telegram_id)
     return notices
+
+
+async def send_renewal_reminders(application: Application) -> list[Reminder]:  # type: ignore[type-arg]
+    """Tell each subscriber, once per period, that their plan renews soon (PLAN_REMINDER_HOURS
+    ahead), for what, and how to cancel it."""
+    shop = runtime_of(application.bot_data)
+    ahead = timedelta(hours=shop.settings.plan_reminder_hours)
+
+    def work(session: Session) -> list[Reminder]:
+        return subscriptions.claim_reminders(session=session, ahead=ahead)
+
+    async with alone(shop, REMINDERS_LOCK) as mine:
+        if not mine:
+            return []
+        reminders = await shop.run(work)
+    for reminder in reminders:
+        language = language_for(reminder.language)
+        text = t(
+            language,
+            "plan_reminder",
+            plan=reminder.title,
+            date=when(reminder.renews_at),
+            price=reminder.price,
+            tokens=number(language, reminder.tokens),
+        )
+        try:
+            await application.bot.send_message(reminder.telegram_id, text)
+        except TelegramError:
+            logger.info("could not remind %s of a renewal", reminder.telegram_id)
+    return reminders
 
 
 @dataclass
@@ -129,7 +163,18 @@ def star_charge(tx: StarTransaction) -> StarCharge | None:
     if isinstance(tx.source, TransactionPartnerUser):
         if tx.source.transaction_type != INVOICE_PAYMENT:
             return None
-        return StarCharge(tx.id, tx.source.user.id, tx.amount, tx.source.invoice_payload, False)
+        period = tx.source.subscription_period
+        return StarCharge(
+            tx.id,
+            tx.source.user.id,
+            tx.amount,
+            tx.source.invoice_payload,
+            False,
+            date=tx.date,
+            subscription_period=(
+                int(period.total_seconds()) if isinstance(period, timedelta) else period
+            ),
+        )
     if isinstance(tx.receiver, TransactionPartnerUser):
         return StarCharge(tx.id, tx.receiver.user.id, tx.amount, None, True)
     return None
@@ -144,9 +189,7 @@ def _reconcile(
     account_id = result.purchase.account_id
     language = get_account(session=session, account_id=account_id).language
     delivery = (
-        delivery_for(session, shop, account_id, result.tokens)
-        if result.outcome == "credited"
-        else None
+        delivery_for(session, shop, result.purchase) if result.outcome == "credited" else None
     )
     return charge, result, delivery, language
 
@@ -188,6 +231,7 @@ async def _follow_up(
 
 async def notices_job(context: ContextTypes.DEFAULT_TYPE) -> None:
     await send_balance_notices(context.application)
+    await send_renewal_reminders(context.application)
 
 
 async def reconcile_job(context: ContextTypes.DEFAULT_TYPE) -> None:

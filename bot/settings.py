@@ -41,6 +41,8 @@ class BotSettings(BillingSettings):
     low_balance_tokens: int = Field(default=10_000, ge=0)  # 0: only the "ran out" notice
     notice_interval_seconds: float = Field(default=60, gt=0)
     reconcile_interval_seconds: float = Field(default=3600, gt=0)
+    # how long before a plan renews its buyer is told (what it costs, how to cancel)
+    plan_reminder_hours: float = Field(default=48, gt=0)
 
     # Refunds the terms promise: within this many days of a purchase, while the buyer's available
     # balance still covers the pack (Stars refunds are all or nothing).

@@ -1,4 +1,5 @@
-"""Buying: the pack list, the one-tap terms acceptance, and the Stars invoice for a chosen pack.
+"""Buying: the pack list (and the monthly plans, `bot.handlers.plans`), the one-tap terms
+acceptance, and the Stars invoice for a chosen pack.
 
 Choosing a pack creates an order (owner, pack snapshot, price, expiry) and the invoice carries
 only its opaque id as payload, so the pre-checkout check needs nothing from the invoice but that
@@ -17,8 +18,8 @@ from billing.models import Order
 from billing.packs import STARS_CURRENCY, find_pack
 from billing.purchases import create_order
 from bot import keyboards
-from bot.runtime import account_of, lang, runtime
-from bot.texts import number, plain, t
+from bot.runtime import Runtime, account_of, lang, runtime
+from bot.texts import Html, Lang, lines, number, plain, t
 
 INVOICE_TITLE_LIMIT = 32  # Telegram's limits for an invoice
 INVOICE_DESCRIPTION_LIMIT = 255
@@ -29,15 +30,25 @@ async def show_packs(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None
     assert update.effective_message is not None
     account = await account_of(update, context)
     language = lang(update, context)
+    shop = runtime(context)
     if account.terms_accepted_at is None:
+        terms = t(language, "terms_prompt", days=shop.settings.refund_window_days)
+        if shop.plans:
+            terms = lines([terms, Html(""), t(language, "terms_prompt_plans")])
         await update.effective_message.reply_text(
-            t(language, "terms_prompt", days=runtime(context).settings.refund_window_days),
-            reply_markup=keyboards.accept_terms(language),
+            terms, reply_markup=keyboards.accept_terms(language)
         )
         return
     await update.effective_message.reply_text(
-        t(language, "packs"), reply_markup=keyboards.packs(language, runtime(context).catalog)
+        shop_text(language, shop), reply_markup=keyboards.packs(language, shop.catalog, shop.plans)
     )
+
+
+def shop_text(language: Lang, shop: Runtime) -> Html:
+    """What the pack list says: the packs, and how plans renew when some are sold."""
+    if not shop.plans:
+        return t(language, "packs")
+    return lines([t(language, "packs"), t(language, "packs_plans")])
 
 
 async def on_accept_terms(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -51,10 +62,11 @@ async def on_accept_terms(update: Update, context: ContextTypes.DEFAULT_TYPE) ->
     def work(session: Session) -> None:
         accounts.accept_terms(session=session, account_id=account_id)
 
-    await runtime(context).run(work)
+    shop = runtime(context)
+    await shop.run(work)
     language = lang(update, context)
     await query.edit_message_text(
-        t(language, "packs"), reply_markup=keyboards.packs(language, runtime(context).catalog)
+        shop_text(language, shop), reply_markup=keyboards.packs(language, shop.catalog, shop.plans)
     )
 
 
@@ -69,7 +81,8 @@ async def on_pack(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         pack = find_pack(shop.catalog, query.data.removeprefix(keyboards.PACK))
     except UnknownPack:
         await query.edit_message_text(
-            t(language, "pack_unknown"), reply_markup=keyboards.packs(language, shop.catalog)
+            t(language, "pack_unknown"),
+            reply_markup=keyboards.packs(language, shop.catalog, shop.plans),
         )
         return
     account = await account_of(update, context)

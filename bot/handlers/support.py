@@ -42,7 +42,10 @@ async def show_terms(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None
     assert update.effective_message is not None
     language = lang(update, context)
     days = runtime(context).settings.refund_window_days
-    text = lines([t(language, "terms", days=days), Html(""), prices(language, context)])
+    terms = [t(language, "terms", days=days)]
+    if runtime(context).plans:
+        terms.append(t(language, "terms_plans"))
+    text = lines([*terms, Html(""), prices(language, context)])
     await update.effective_message.reply_text(text)
 
 
@@ -88,7 +91,11 @@ async def pay_support(update: Update, context: ContextTypes.DEFAULT_TYPE) -> Non
             language,
             "paysupport_line",
             time=when(purchase.created_at),
-            pack=purchase.pack_title,
+            pack=(
+                t(language, "paysupport_plan_charge", plan=purchase.pack_title)
+                if purchase.subscription_id is not None
+                else purchase.pack_title
+            ),
             price=purchase.price,
             charge_id=purchase.telegram_payment_charge_id,
             refunded=t(language, "paysupport_refunded") if purchase.refunded_at else Html(""),

@@ -286,21 +286,29 @@ class TelegramUser:
             }
         )
 
-    async def paid(self, payload: str, amount: int, charge_id: str) -> None:
-        """Telegram's service message for a successful payment."""
-        await self.deliver(
-            {
-                "message": self._message(
-                    successful_payment={
-                        "currency": "XTR",
-                        "total_amount": amount,
-                        "invoice_payload": payload,
-                        "telegram_payment_charge_id": charge_id,
-                        "provider_payment_charge_id": "",
-                    }
-                )
-            }
-        )
+    async def paid(
+        self,
+        payload: str,
+        amount: int,
+        charge_id: str,
+        *,
+        renews_at: int | None = None,
+        first: bool = False,
+    ) -> None:
+        """Telegram's service message for a successful payment; with `renews_at` (Unix time),
+        a subscription's charge: its first (`first`) or a renewal."""
+        payment: dict[str, Any] = {
+            "currency": "XTR",
+            "total_amount": amount,
+            "invoice_payload": payload,
+            "telegram_payment_charge_id": charge_id,
+            "provider_payment_charge_id": "",
+        }
+        if renews_at is not None:
+            payment |= {"subscription_expiration_date": renews_at, "is_recurring": True}
+            if first:
+                payment["is_first_recurring"] = True
+        await self.deliver({"message": self._message(successful_payment=payment)})
 
     async def refunded(self, payload: str, amount: int, charge_id: str) -> None:
         """Telegram's service message for a refunded payment."""
@@ -318,18 +326,30 @@ class TelegramUser:
         )
 
 
-def star_payment(charge_id: str, user: TelegramUser, amount: int, payload: str) -> dict[str, Any]:
-    """An incoming Star transaction as getStarTransactions lists it."""
+def star_payment(
+    charge_id: str,
+    user: TelegramUser,
+    amount: int,
+    payload: str,
+    *,
+    date: int | None = None,
+    subscription_period: int | None = None,
+) -> dict[str, Any]:
+    """An incoming Star transaction as getStarTransactions lists it (a subscription's charge
+    carries its period)."""
+    source: dict[str, Any] = {
+        "type": "user",
+        "transaction_type": "invoice_payment",
+        "user": user.as_dict(),
+        "invoice_payload": payload,
+    }
+    if subscription_period is not None:
+        source["subscription_period"] = subscription_period
     return {
         "id": charge_id,
         "amount": amount,
-        "date": int(time.time()),
-        "source": {
-            "type": "user",
-            "transaction_type": "invoice_payment",
-            "user": user.as_dict(),
-            "invoice_payload": payload,
-        },
+        "date": int(time.time()) if date is None else date,
+        "source": source,
     }
 
 
