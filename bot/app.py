@@ -47,6 +47,7 @@ from bot.handlers import (
     language,
     members,
     payments,
+    plans,
     shop,
     start,
     support,
@@ -73,6 +74,7 @@ FIRST_RECONCILE_AFTER_S = 60
 COMMANDS = (
     "start",
     "buy",
+    "plan",
     "key",
     "balance",
     "paysupport",
@@ -132,6 +134,7 @@ def _add_handlers(application: Application, settings: BotSettings) -> None:  # t
             ChatMemberHandler(members.on_my_chat_member, ChatMemberHandler.MY_CHAT_MEMBER),
             CommandHandler("start", start.start, filters=private),
             CommandHandler("buy", shop.show_packs, filters=private),
+            CommandHandler("plan", plans.show_plan, filters=private),
             CommandHandler("key", key.show_key, filters=private),
             CommandHandler("balance", balance.show_balance, filters=private),
             CommandHandler("help", support.show_help, filters=private),
@@ -148,6 +151,10 @@ def _add_handlers(application: Application, settings: BotSettings) -> None:  # t
             CommandHandler("promos", admin.list_promos, filters=operators),
             CallbackQueryHandler(shop.on_accept_terms, pattern=keyboards.TERMS_PATTERN),
             CallbackQueryHandler(shop.on_pack, pattern=keyboards.PACK_PATTERN),
+            CallbackQueryHandler(plans.on_plan, pattern=keyboards.PLAN_PATTERN),
+            CallbackQueryHandler(
+                plans.on_subscription_action, pattern=keyboards.SUBSCRIPTION_PATTERN
+            ),
             CallbackQueryHandler(key.on_key_action, pattern=keyboards.KEY_PATTERN),
             CallbackQueryHandler(admin.on_refund_action, pattern=keyboards.REFUND_PATTERN),
             CallbackQueryHandler(support.ask, pattern=keyboards.SUPPORT_PATTERN),
@@ -183,6 +190,7 @@ async def _post_init(application: Application) -> None:  # type: ignore[type-arg
         engine=make_engine(settings.database_url),
         secret_key=settings.resolved_secret_key(),
         catalog=settings.catalog(),
+        plans=settings.plan_catalog(),
     )
     if application.job_queue is not None:
         application.job_queue.run_repeating(

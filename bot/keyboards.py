@@ -12,10 +12,13 @@ from collections.abc import Sequence
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup, ReplyKeyboardMarkup, WebAppInfo
 
 from billing.packs import Pack
+from billing.plans import Plan
 from bot.texts import LANGUAGES, Lang, number
 from bot.texts import plain as t
 
 PACK = "pack:"
+PLAN = "plan:"  # + plan id: subscribe to a monthly plan
+SUBSCRIPTION = "sub:"  # sub:cancel:<subscription id>, sub:resume:<subscription id>
 TERMS_ACCEPT = "terms:accept"
 KEY = "key:"  # key:list, key:new, key:cancel, key:<action>:<key id>
 REFUND_PURCHASE = "refund:p:"  # + purchase id
@@ -26,6 +29,8 @@ USAGE = "usage:"  # usage:page:<n>, usage:csv
 LANGUAGE = "lang:"  # + language code
 
 PACK_PATTERN = rf"^{PACK}"
+PLAN_PATTERN = rf"^{PLAN}"
+SUBSCRIPTION_PATTERN = rf"^{SUBSCRIPTION}(cancel|resume):\d+$"
 TERMS_PATTERN = rf"^{TERMS_ACCEPT}$"
 KEY_PATTERN = rf"^{KEY}"
 REFUND_PATTERN = r"^refund:"
@@ -55,7 +60,8 @@ def menu_labels() -> dict[str, str]:
     return {t(lang, f"button_{action}"): action for lang in LANGUAGES for action in MENU_ACTIONS}
 
 
-def packs(lang: Lang, catalog: Sequence[Pack]) -> InlineKeyboardMarkup:
+def packs(lang: Lang, catalog: Sequence[Pack], plans: Sequence[Plan] = ()) -> InlineKeyboardMarkup:
+    """The packs, then the monthly plans."""
     return InlineKeyboardMarkup(
         [
             [
@@ -72,6 +78,49 @@ def packs(lang: Lang, catalog: Sequence[Pack]) -> InlineKeyboardMarkup:
             ]
             for pack in catalog
         ]
+        + plan_rows(lang, plans)
+    )
+
+
+def plan_rows(lang: Lang, plans: Sequence[Plan]) -> list[list[InlineKeyboardButton]]:
+    return [
+        [
+            InlineKeyboardButton(
+                t(
+                    lang,
+                    "plan_button",
+                    title=plan.title,
+                    tokens=number(lang, plan.tokens),
+                    price=plan.price,
+                ),
+                callback_data=f"{PLAN}{plan.id}",
+            )
+        ]
+        for plan in plans
+    ]
+
+
+def subscribe(lang: Lang, link: str, price: int) -> InlineKeyboardMarkup:
+    """The subscription's invoice link: Telegram's payment form opens on tap."""
+    return InlineKeyboardMarkup(
+        [[InlineKeyboardButton(t(lang, "button_subscribe", price=price), url=link)]]
+    )
+
+
+def subscription_actions(
+    lang: Lang, running: Sequence[tuple[int, bool]], plans: Sequence[Plan] = ()
+) -> InlineKeyboardMarkup:
+    """Cancel or resume each running subscription (id, cancelled), then the plans on sale."""
+    return InlineKeyboardMarkup(
+        [
+            [
+                _button(lang, "button_plan_resume", f"{SUBSCRIPTION}resume:{subscription_id}")
+                if canceled
+                else _button(lang, "button_plan_cancel", f"{SUBSCRIPTION}cancel:{subscription_id}")
+            ]
+            for subscription_id, canceled in running
+        ]
+        + plan_rows(lang, plans)
     )
 
 

@@ -28,6 +28,7 @@ from billing.accounts import find_telegram_account
 from billing.db import reading, session_scope
 from billing.models import Account
 from billing.packs import Pack
+from billing.plans import Plan
 from bot.settings import BotSettings
 from bot.texts import Lang, language_for
 
@@ -44,6 +45,7 @@ class Runtime:
     engine: Engine
     secret_key: bytes
     catalog: tuple[Pack, ...]
+    plans: tuple[Plan, ...] = ()  # monthly plans (PLANS), sold beside the packs
     # Telegram id -> the language chosen in the picker ("" for none), as last read or set
     languages: dict[int, str] = field(default_factory=dict)
 

@@ -19,7 +19,7 @@ from telegram.ext import ContextTypes
 from billing import accounts, keys, ledger, lookup, promos, stray_charges
 from billing.errors import AccountNotFound, InvalidAmount, PromoError
 from billing.models import PromoCode, StrayCharge, utcnow
-from billing.stats import ShopStats, shop_stats, start_of_day
+from billing.stats import PlanStats, ShopStats, plan_stats, running_plans, shop_stats, start_of_day
 from bot import keyboards
 from bot.handlers.payments import refund_notice, tell
 from bot.refunds import find_payment, pay_back, refund_stray
@@ -38,10 +38,45 @@ async def stats(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
             shop_stats(session=session),
         )
 
-    today, total = await runtime(context).read(work)
+    def plans(session: Session) -> tuple[PlanStats, PlanStats, tuple[int, int]]:
+        return (
+            plan_stats(session=session, since=start_of_day()),
+            plan_stats(session=session),
+            running_plans(session=session),
+        )
+
+    shop = runtime(context)
+    today, total = await shop.read(work)
     language = lang(update, context)
-    await update.effective_message.reply_text(
-        t(language, "stats", today=_block(language, today), total=_block(language, total))
+    text = t(language, "stats", today=_block(language, today), total=_block(language, total))
+    plans_today, plans_total, (running, ending) = await shop.read(plans)
+    if shop.plans or plans_total.started or plans_total.renewals:
+        text = lines(
+            [
+                text,
+                Html(""),
+                t(
+                    language,
+                    "stats_plans",
+                    active=number(language, running),
+                    ending=number(language, ending),
+                    today=_plan_block(language, plans_today),
+                    total=_plan_block(language, plans_total),
+                ),
+            ]
+        )
+    await update.effective_message.reply_text(text)
+
+
+def _plan_block(language: Lang, figures: PlanStats) -> Html:
+    return t(
+        language,
+        "stats_plans_block",
+        started=number(language, figures.started),
+        renewals=number(language, figures.renewals),
+        cancellations=number(language, figures.cancellations),
+        ended=number(language, figures.ended),
+        revenue=number(language, figures.revenue),
     )
 
 

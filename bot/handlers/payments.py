@@ -8,6 +8,8 @@ confirmation. A payment that cannot be credited (its order paid already, unknown
 else's) is a stray charge: recorded once and paid back at once (`bot.refunds`), the buyer told
 plainly and the operators alerted. A refund reverses a purchase once, however often it is
 reported; one made outside the bot that finds the tokens spent is flagged to the operators.
+A monthly plan's charges (the first and each renewal, `is_recurring`) take the same way; the
+buyer is told the plan's next renewal with the tokens.
 """
 
 from __future__ import annotations
@@ -15,22 +17,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlmodel import Session
 from telegram import Bot, Update
 from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
-from billing import keys, ledger, purchases, stray_charges
+from billing import keys, ledger, purchases, stray_charges, subscriptions
 from billing.errors import OrderError, PurchaseNotFound
+from billing.models import Purchase
 from billing.purchases import check_order_payable, credit_order_payment
 from billing.referrals import Reward
+from billing.subscriptions import PlanCharge, PlanCredit
 from bot.alerts import tell_operators
 from bot.handlers.errors import order_refusal
 from bot.refunds import Attempt, refund_stray
 from bot.runtime import Runtime, lang, runtime
-from bot.texts import Html, Lang, language_for, number, plain, snippet, t
+from bot.texts import Html, Lang, language_for, number, plain, snippet, t, when
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ class Delivery:
     available: int
     key: str | None  # shown on the first purchase (or when this credit issued the key)
     referral: Reward | None = None  # the referrer's share this purchase paid
+    plan: PlanCredit | None = None  # the plan this charge started or renewed
 
 
 async def on_pre_checkout(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -108,6 +113,11 @@ async def on_successful_payment(update: Update, context: ContextTypes.DEFAULT_TY
     payment = message.successful_payment
     shop = runtime(context)
     telegram_id = update.effective_user.id
+    plan_charge = (
+        PlanCharge(payment.subscription_expiration_date, bool(payment.is_first_recurring))
+        if payment.is_recurring and payment.subscription_expiration_date is not None
+        else None
+    )
 
     def work(session: Session) -> Delivery:
         result = credit_order_payment(
@@ -116,9 +126,10 @@ async def on_successful_payment(update: Update, context: ContextTypes.DEFAULT_TY
             telegram_id=telegram_id,
             charge_id=payment.telegram_payment_charge_id,
             provider_charge_id=payment.provider_payment_charge_id or None,
+            plan_charge=plan_charge,
         )
-        delivery = delivery_for(session, shop, result.purchase.account_id, result.purchase.tokens)
-        return Delivery(delivery.tokens, delivery.available, delivery.key, result.referral)
+        delivery = delivery_for(session, shop, result.purchase)
+        return replace(delivery, referral=result.referral)
 
     try:
         delivery = await shop.run(work)
@@ -206,9 +217,11 @@ def _outcome_line(attempt: Attempt) -> Html:
     return t("en", f"operator_stray_{attempt.outcome}", error=attempt.error or "")
 
 
-def delivery_for(session: Session, shop: Runtime, account_id: int, tokens: int) -> Delivery:
-    """After a credit: the balance, and the key if this was the first purchase. Issuing the key
-    here, in the crediting transaction, means a paid buyer always has one."""
+def delivery_for(session: Session, shop: Runtime, purchase: Purchase) -> Delivery:
+    """After a credit: the balance, the plan's next renewal for a plan's charge, and the key if
+    this was the first purchase. Issuing the key here, in the crediting transaction, means a
+    paid buyer always has one."""
+    account_id = purchase.account_id
     key, created = keys.ensure_key(
         session=session,
         account_id=account_id,
@@ -217,21 +230,18 @@ def delivery_for(session: Session, shop: Runtime, account_id: int, tokens: int) 
     )
     first = len(purchases.recent_purchases(session=session, account_id=account_id, limit=2)) == 1
     balance = ledger.get_balance(session=session, account_id=account_id)
-    return Delivery(tokens, balance.available, key if created or first else None)
+    return Delivery(
+        purchase.tokens,
+        balance.available,
+        key if created or first else None,
+        plan=subscriptions.credit_of(session=session, purchase=purchase),
+    )
 
 
 async def deliver(
     bot: Bot, shop: Runtime, chat_id: int, language: Lang, delivery: Delivery
 ) -> None:
-    await bot.send_message(
-        chat_id,
-        t(
-            language,
-            "payment_received",
-            tokens=number(language, delivery.tokens),
-            available=number(language, delivery.available),
-        ),
-    )
+    await bot.send_message(chat_id, _received(language, delivery))
     if delivery.key is not None:
         setup = snippet(
             language,
@@ -283,6 +293,21 @@ async def tell(bot: Bot, chat_id: int, text: str) -> None:
         await bot.send_message(chat_id, text)
     except TelegramError:
         logger.info("could not message %s", chat_id, exc_info=True)
+
+
+def _received(language: Lang, delivery: Delivery) -> Html:
+    tokens, available = number(language, delivery.tokens), number(language, delivery.available)
+    if delivery.plan is None:
+        return t(language, "payment_received", tokens=tokens, available=available)
+    return t(
+        language,
+        "payment_plan_started" if delivery.plan.first else "payment_plan_renewed",
+        plan=delivery.plan.title,
+        tokens=tokens,
+        available=available,
+        date=when(delivery.plan.expires_at),
+        price=delivery.plan.price,
+    )
 
 
 def refund_notice(language: Lang, result: ledger.RefundResult) -> str:

@@ -39,6 +39,7 @@ TEXTS: dict[str, str] = {
         "/balance — tokens left and usage by day and model\n"
         "/key — your API keys\n"
         "/buy — token packs\n"
+        "/plan — your monthly plan: next renewal, cancel, resume\n"
         "/paysupport — your payments, refunds and a message to support\n"
         "/promo — redeem a promo code\n"
         "/invite — your invitation link\n"
@@ -416,4 +417,76 @@ TEXTS: dict[str, str] = {
     "prices": "<b>Prices</b> (balance tokens per token, prompt / completion where they differ)",
     "price_line": "• <code>{model}</code>: {price}",
     "prices_flat": "<b>Prices</b>: every model costs 1 balance token per token.",
+    # Monthly plans (Telegram Stars subscriptions).
+    "command_plan": "My monthly plan",
+    "packs_plans": (
+        "🔁 Plans renew every 30 days until you cancel them under /plan; unused tokens carry over."
+    ),
+    "plan_button": "🔁 {title} · {tokens} tokens/month · {price} ⭐/month",
+    "terms_prompt_plans": (
+        "• A plan is charged every 30 days until you cancel it (/plan); each charge adds "
+        "the plan's tokens, and unused tokens carry over. A cancelled plan runs to the "
+        "end of the period paid for."
+    ),
+    "terms_plans": (
+        "6. Plans: a plan is charged in Telegram Stars every 30 days until you cancel it "
+        "under /plan. Each charge credits the plan's tokens once; unused tokens carry "
+        "over to the next period and do not expire. Cancelling stops the next charge, and "
+        "the period already paid runs to its end. A renewal Telegram does not charge adds "
+        "nothing. Each charge can be refunded like a pack's payment (point 3)."
+    ),
+    "plan_invoice_title": "{title}: {tokens}/month",
+    "plan_invoice_description": (
+        "{tokens} tokens for the OpenAI-compatible API every 30 days, charged in Stars "
+        "until you cancel under /plan. Unused tokens carry over."
+    ),
+    "plan_invoice_label": "{tokens} tokens every 30 days",
+    "plan_invoice": (
+        "🔁 <b>{title}</b>: {tokens} tokens every 30 days for {price} ⭐. Tap below to "
+        "subscribe; cancel any time under /plan."
+    ),
+    "button_subscribe": "⭐ Subscribe for {price} ⭐/month",
+    "plan_unknown": "That plan is no longer sold. Here are the current packs and plans.",
+    "plan_line": (
+        "🔁 <b>{title}</b> · {tokens} tokens every 30 days · {price} ⭐ · renewals so far: "
+        "{renewals}\n{state}"
+    ),
+    "plan_state_renews": "Next renewal: {date}, {price} ⭐.",
+    "plan_state_canceled": "Cancelled: it runs until {date} and does not renew.",
+    "plan_state_ended": "Ended {date}.",
+    "plans_none": "You have no running plan. A plan adds its tokens every 30 days:",
+    "plans_off": "This shop sells no monthly plans at the moment; /buy shows the packs.",
+    "button_plan_cancel": "Cancel renewal",
+    "button_plan_resume": "Resume renewal",
+    "plan_canceled": (
+        "The plan {plan} will not renew. It runs until {date}; you can resume it until then."
+    ),
+    "plan_resumed": "The plan {plan} renews again on {date}.",
+    "plan_gone": "That plan is not yours or no longer exists.",
+    "plan_over": "That plan has ended; subscribe again under /buy.",
+    "plan_edit_failed": "Telegram refused the change ({error}). Nothing was changed.",
+    "payment_plan_started": (
+        "✅ Plan {plan} is active: +{tokens} tokens.\n"
+        "Available now: {available} tokens.\n"
+        "Next renewal: {date}, {price} ⭐; cancel any time under /plan."
+    ),
+    "payment_plan_renewed": (
+        "🔁 Plan {plan} renewed: +{tokens} tokens (unused tokens carried over).\n"
+        "Available now: {available} tokens.\n"
+        "Next renewal: {date}, {price} ⭐."
+    ),
+    "plan_reminder": (
+        "🔁 Your plan {plan} renews on {date}: {price} ⭐ for {tokens} more tokens; unused "
+        "tokens carry over. To stop it, cancel under /plan."
+    ),
+    "paysupport_plan_charge": "🔁 {plan}",
+    "stats_plans": (
+        "🔁 <b>Plans</b>: {active} running, {ending} of them cancelled\n"
+        "Today: {today}\n"
+        "All time: {total}"
+    ),
+    "stats_plans_block": (
+        "{started} started · {renewals} renewals · {cancellations} cancelled · {ended} "
+        "ended · {revenue} ⭐"
+    ),
 }
