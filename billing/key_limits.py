@@ -42,15 +42,12 @@ from billing.errors import (
     ModelNotAllowed,
 )
 from billing.locks import lock_accounts
-from billing.models import Account, ApiKey, Hold, KeyLimit, LedgerEntry
+from billing.models import ApiKey, Hold, KeyLimit, LedgerEntry
 
 PERIODS = ("daily", "weekly", "monthly", "total")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # the one period of "total"
 RATE_WINDOW = timedelta(minutes=1)
-ALERT_LEVELS = (80, 100)  # percent of the spend limit announced once per period
-EXPIRY_WARNING = timedelta(days=3)
 MAX_MODELS_LENGTH = 1024
-ALERT_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -324,7 +321,7 @@ def set_limits(
     row.updated_at = now
     session.add(row)
     session.flush()
-    return _report(key_id, row, now)
+    return describe_row(key_id, row, now)
 
 
 def _spent_since(session: Session, limit_id: int, start: datetime) -> int:
@@ -347,7 +344,7 @@ def report(*, session: Session, key_id: int, now: datetime) -> KeyReport | None:
         .join(ApiKey, col(ApiKey.limit_id) == KeyLimit.id)
         .where(col(ApiKey.id) == key_id)
     ).scalar_one_or_none()
-    return None if row is None else _report(key_id, row, now)
+    return None if row is None else describe_row(key_id, row, now)
 
 
 def reports(*, session: Session, account_id: int, now: datetime) -> list[tuple[ApiKey, KeyReport]]:
@@ -358,10 +355,11 @@ def reports(*, session: Session, account_id: int, now: datetime) -> list[tuple[A
         .where(col(ApiKey.account_id) == account_id, col(ApiKey.revoked_at).is_(None))
         .order_by(col(ApiKey.id))
     ).all()
-    return [(key, _report(key.id or 0, row, now)) for key, row in rows]
+    return [(key, describe_row(key.id or 0, row, now)) for key, row in rows]
 
 
-def _report(key_id: int, row: KeyLimit, now: datetime) -> KeyReport:
+def describe_row(key_id: int, row: KeyLimit, now: datetime) -> KeyReport:
+    """Where the key of `row` stands at `now` (a period that has ended counts as 0 spent)."""
     assert row.id is not None
     start = period_start(row.period, now)
     current = row.period_start is not None and row.period_start >= start
@@ -515,6 +513,7 @@ def room(
                 needed=min_tokens,
                 resets_at=resets_at(period, now),
             )
+    assert limit_id is not None  # a primary key
     return Room(
         limit_id=limit_id,
         account_id=owner,
@@ -570,96 +569,6 @@ def resolved(
             "unused": amount - charge,
         },
     )
-
-
-# Alerts: the bot's job claims them, once per period and level, like the balance notices.
-
-
-@dataclass(frozen=True)
-class KeyAlert:
-    """A buyer to tell that a key reached a share of its limit, or expires soon."""
-
-    telegram_id: int
-    language: str | None
-    key_name: str
-    hint: str
-    kind: str  # "spend" or "expiry"
-    level: int  # 80 or 100 (spend)
-    report: KeyReport
-
-
-def claim_alerts(*, session: Session, now: datetime, limit: int = ALERT_BATCH) -> list[KeyAlert]:
-    """The alerts due now, each claimed with a guarded UPDATE so that of two bot processes
-    only one sends it: 80% and 100% of a spend limit once per period, and an expiry within
-    `EXPIRY_WARNING` once per expiry time. Buyers who blocked the bot are left out."""
-    rows = session.execute(
-        sa_select(
-            KeyLimit,
-            col(ApiKey.id),
-            col(ApiKey.name),
-            col(ApiKey.hint),
-            col(Account.telegram_id),
-            func.coalesce(col(Account.chosen_language), col(Account.language)),
-        )
-        .join(ApiKey, col(ApiKey.limit_id) == KeyLimit.id)
-        .join(Account, col(Account.id) == KeyLimit.account_id)
-        .where(
-            col(ApiKey.revoked_at).is_(None),
-            col(Account.telegram_id).is_not(None),
-            col(Account.blocked_at).is_(None),
-            col(KeyLimit.spend_limit).is_not(None) | col(KeyLimit.expires_at).is_not(None),
-        )
-        .order_by(col(KeyLimit.id))
-        .limit(limit)
-    ).all()
-    alerts: list[KeyAlert] = []
-    for row, key_id, name, hint, telegram_id, language in rows:
-        key_report = _report(key_id, row, now)
-        found = []
-        level = _spend_level(key_report)
-        start = period_start(row.period, now)
-        seen = row.alert_level if row.alert_period is not None and row.alert_period >= start else 0
-        if level > seen:
-            claimed = session.execute(
-                update(KeyLimit)
-                .where(
-                    col(KeyLimit.id) == row.id,
-                    col(KeyLimit.alert_level) == row.alert_level,
-                    col(KeyLimit.alert_period).is_not_distinct_from(row.alert_period),
-                )
-                .values(alert_level=level, alert_period=start)
-            )
-            if claimed.rowcount == 1:  # type: ignore[attr-defined]
-                found.append(("spend", level))
-        expires = row.expires_at
-        if (
-            expires is not None
-            and expires - EXPIRY_WARNING <= now < expires
-            and row.expiry_alerted_for != expires
-        ):
-            claimed = session.execute(
-                update(KeyLimit)
-                .where(
-                    col(KeyLimit.id) == row.id,
-                    col(KeyLimit.expiry_alerted_for).is_not_distinct_from(row.expiry_alerted_for),
-                )
-                .values(expiry_alerted_for=expires)
-            )
-            if claimed.rowcount == 1:  # type: ignore[attr-defined]
-                found.append(("expiry", 0))
-        alerts.extend(
-            KeyAlert(telegram_id, language, name, hint, kind, level, key_report)
-            for kind, level in found
-        )
-    return alerts
-
-
-def _spend_level(key_report: KeyReport) -> int:
-    limit = key_report.limits.spend
-    if not limit:
-        return 0
-    reached = [level for level in ALERT_LEVELS if key_report.spent * 100 >= level * limit]
-    return max(reached, default=0)
 
 
 # The audit: each row's sums against the holds and the ledger.

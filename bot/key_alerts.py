@@ -14,7 +14,7 @@ import logging
 from telegram.error import TelegramError
 from telegram.ext import Application, ContextTypes
 
-from billing.key_limits import KeyAlert, claim_alerts
+from billing.key_alerts import KeyAlert, claim_alerts
 from billing.models import utcnow
 from bot.jobs import alone
 from bot.runtime import runtime_of
