@@ -17,6 +17,7 @@ from api.errors import OpenAIError, missing_key
 from api.services import Services
 from api.serving.chat import ChatService
 from api.serving.embeddings import EmbeddingsService
+from api.serving.messages import MessagesService
 from api.serving.miniapp import AppUser, MiniApp
 from api.serving.responses import ResponsesService
 
@@ -51,6 +52,10 @@ async def get_responses(services: ServicesDep) -> ResponsesService:
     return services.responses
 
 
+async def get_messages(services: ServicesDep) -> MessagesService:
+    return services.messages
+
+
 async def get_embeddings(services: ServicesDep) -> EmbeddingsService:
     return services.embeddings
 
@@ -58,6 +63,7 @@ async def get_embeddings(services: ServicesDep) -> EmbeddingsService:
 BooksDep = Annotated[Books, Depends(get_books)]
 ChatDep = Annotated[ChatService, Depends(get_chat)]
 ResponsesDep = Annotated[ResponsesService, Depends(get_responses)]
+MessagesDep = Annotated[MessagesService, Depends(get_messages)]
 EmbeddingsDep = Annotated[EmbeddingsService, Depends(get_embeddings)]
 
 
@@ -73,6 +79,23 @@ async def require_key(
 
 
 KeyDep = Annotated[Caller, Depends(require_key)]
+
+
+async def require_anthropic_key(
+    books: BooksDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Caller:
+    """The key as Anthropic's clients send it: `x-api-key` (the SDKs, `ANTHROPIC_API_KEY`)
+    or `Authorization: Bearer` (Claude Code's `ANTHROPIC_AUTH_TOKEN`)."""
+    key = (x_api_key or "").strip() or (credentials.credentials.strip() if credentials else "")
+    if not key:
+        raise missing_key()
+    identity = await books.authenticate(key)
+    return Caller(account_id=identity.account_id, key=key, key_id=identity.key_id)
+
+
+AnthropicKeyDep = Annotated[Caller, Depends(require_anthropic_key)]
 
 
 async def get_miniapp(services: ServicesDep) -> MiniApp:

@@ -34,10 +34,11 @@ from api.metrics import Metrics
 from api.middleware import RequestContext
 from api.miniapp import STATIC_DIR
 from api.miniapp.telegram import BotApi
-from api.routes import chat, embeddings, health, key, miniapp, models, responses
+from api.routes import chat, embeddings, health, key, messages, miniapp, models, responses
 from api.services import Services
 from api.serving.chat import ChatService
 from api.serving.embeddings import EmbeddingsService
+from api.serving.messages import MessagesService
 from api.serving.miniapp import MiniApp
 from api.serving.responses import ResponsesService
 from api.settings import ApiSettings
@@ -112,6 +113,7 @@ def create_app(
             chat=chat_service,
             metrics=metrics,
             responses=responses_service,
+            messages=MessagesService(chat=chat_service, settings=settings),
             embedders=embedder_map,
             embeddings=embeddings_service,
             miniapp=MiniApp(
@@ -161,10 +163,10 @@ def create_app(
     app.state.lifecycle = lifecycle
     app.add_middleware(Draining, lifecycle=lifecycle)  # inside RequestContext: 503s are counted
     app.add_middleware(RequestContext, metrics=metrics, max_body=settings.max_request_bytes)
-    for router in (chat.router, responses.router, models.router, key.router, health.router):
+    routers = (chat.router, responses.router, messages.router, models.router, key.router)
+    for router in (*routers, health.router, miniapp.router):
         app.include_router(router)
     app.include_router(embeddings.router)
-    app.include_router(miniapp.router)
     # after /app/api's routes, which it would otherwise shadow
     app.mount("/app", StaticFiles(directory=STATIC_DIR, html=True), name="miniapp")
     return app

@@ -8,12 +8,16 @@ import secrets
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import OpenAIError
+from api.errors_anthropic import from_openai
 from api.metrics import Metrics
 
+ANTHROPIC_PATHS = "/v1/messages"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _ROUTES = {
     "/v1/chat/completions",
     "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/models",
     "/v1/key",
     "/health",
@@ -44,6 +48,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         request_id = self._request_id(scope)
+        scope.setdefault("state", {})["request_id"] = request_id  # `request.state.request_id`
         status = {"code": 500}
 
         async def send_with_id(message: Message) -> None:
@@ -57,7 +62,11 @@ class RequestContext:
         try:
             body = await self._read_limited(scope, receive)
         except OpenAIError as error:
-            await error.response()(scope, receive, send_with_id)
+            if scope["path"].startswith(ANTHROPIC_PATHS):  # Anthropic's clients, its shape
+                answer = from_openai(error).response(request_id)
+            else:
+                answer = error.response()
+            await answer(scope, receive, send_with_id)
         else:
             await self.app(scope, body or receive, send_with_id)
         finally:

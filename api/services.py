@@ -12,6 +12,7 @@ from api.engine.protocol import EngineClient
 from api.metrics import Metrics
 from api.serving.chat import ChatService
 from api.serving.embeddings import EmbeddingsService
+from api.serving.messages import MessagesService
 from api.serving.miniapp import MiniApp
 from api.serving.responses import ResponsesService
 from api.settings import ApiSettings
@@ -29,3 +30,4 @@ class Services:
     embedders: dict[str, EmbeddingClient]  # the embedding models, beside `engines`' chat ones
     embeddings: EmbeddingsService
     miniapp: MiniApp
+    messages: MessagesService

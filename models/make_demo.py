@@ -69,6 +69,9 @@ DEMO_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# The demo's context: Claude Code's first request is about 29,000 tokens in its tokenizer, and a
+# session grows from there (docs/anthropic.md). Its rotary embedding has no learned positions.
+DEMO_CONTEXT = 65536
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _WORDS_TEXT = (
     "the a token shop model answer question tokens stream batch engine pays stars "
@@ -197,7 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out.exists():
         shutil.rmtree(args.out)
-    make_export("llama", args.out, tokenizer=train_tokenizer(chat_template=DEMO_TEMPLATE))
+    make_export(
+        "llama",
+        args.out,
+        tokenizer=train_tokenizer(chat_template=DEMO_TEMPLATE),
+        max_position_embeddings=DEMO_CONTEXT,
+    )
     size = sum(f.stat().st_size for f in args.out.iterdir())
     print(f"wrote {args.out} ({size / 1e6:.1f} MB): {sorted(f.name for f in args.out.iterdir())}")
     return 0

@@ -155,6 +155,8 @@ class GenerationOutput:
     # Tool calls an engine returns structured (an upstream); counted in `completion_tokens`.
     # A local engine writes its calls as text, which the serving layer parses.
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    # The stop string that ended it (finish_reason "stop"), where the engine knows which.
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)

@@ -154,10 +154,16 @@ class ChatService:
         self._covered: set[int] = set()  # accounts whose last hold here covered all it asked
 
     async def prepare(
-        self, request: ChatCompletionRequest, account_id: int, key_id: int | None = None
+        self,
+        request: ChatCompletionRequest,
+        account_id: int,
+        key_id: int | None = None,
+        *,
+        clamp_max_tokens: bool = False,
     ) -> PreparedChat:
         """Validate, tokenize and hold; raises an error the client gets as an HTTP status.
-        `key_id` is the key that asked: its usage is that key's."""
+        `key_id` is the key that asked: its usage is that key's. `clamp_max_tokens`: a limit
+        past the room the prompt leaves is cut to the room, not refused (Anthropic's way)."""
         engine = self.engines.get(request.model)
         if engine is None:
             if request.model in self.embedding_models:
@@ -168,7 +174,9 @@ class ChatService:
         # so a burst sent together is prefilled together (`Scheduler._wait_for_expected`).
         arrived = engine.expect()
         try:
-            prepared = await self._prepare(engine, request, account_id, key_id)
+            prepared = await self._prepare(
+                engine, request, account_id, key_id, clamp_max_tokens=clamp_max_tokens
+            )
         except BaseException:
             arrived()
             raise
@@ -181,15 +189,12 @@ class ChatService:
         request: ChatCompletionRequest,
         account_id: int,
         key_id: int | None,
+        *,
+        clamp_max_tokens: bool = False,
     ) -> PreparedChat:
-        requests.refuse_unsupported(
-            request, max_n=self.settings.max_n, max_messages=self.settings.max_messages
-        )
-        messages = requests.chat_messages(request)
+        messages, plan, prompt_ids = await self._render(engine, request)
         requests.stop_strings(request)
-        plan = tools.plan(request, engine)
         forwarded = _forwarded(request, engine)
-        prompt_ids = await _encode(engine, messages, plan.tools)
         if plan.constraint is not None:  # a schema llguidance cannot take is a 400, before the hold
             await engine.check_constraint(plan.constraint)
         prompt = len(prompt_ids)
@@ -198,7 +203,7 @@ class ChatService:
         n = request.n
         room = engine.context_length - (0 if engine.prompt_is_bound else prompt)
         max_new = requests.requested_max_tokens(
-            request, self.settings.default_max_tokens, room=room
+            request, self.settings.default_max_tokens, room=room, clamp=clamp_max_tokens
         )
         price = self.prices.get(request.model, DEFAULT_PRICE)
         chat_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
@@ -257,6 +262,25 @@ class ChatService:
             want_logprobs=request.logprobs,
             plan=plan,
         )
+
+    async def _render(
+        self, engine: EngineClient, request: ChatCompletionRequest
+    ) -> tuple[list[ChatMessage], ToolPlan, list[int]]:
+        """The request checked, its messages and tools, and its prompt's tokens."""
+        requests.refuse_unsupported(
+            request, max_n=self.settings.max_n, max_messages=self.settings.max_messages
+        )
+        messages = requests.chat_messages(request)
+        plan = tools.plan(request, engine)
+        return messages, plan, await _encode(engine, messages, plan.tools)
+
+    async def count_prompt(self, request: ChatCompletionRequest) -> int:
+        """The prompt tokens `prepare` would hold for, with nothing held (Anthropic's
+        `count_tokens`); an upstream without a tokenizer gives its upper bound."""
+        engine = self.engines.get(request.model)
+        if engine is None:
+            raise model_not_found(request.model)
+        return len((await self._render(engine, request))[2])
 
     def _dispatch_early(
         self, engine: EngineClient, account_id: int, wanted: list[GenerationRequest]

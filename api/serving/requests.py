@@ -129,12 +129,17 @@ def sampling_params(
     )
 
 
-def requested_max_tokens(request: ChatCompletionRequest, default: int, *, room: int) -> int:
+def requested_max_tokens(
+    request: ChatCompletionRequest, default: int, *, room: int, clamp: bool = False
+) -> int:
     """The completion's limit: the client's, which must fit the `room` the prompt leaves in
-    the context window (a 400 naming it, as OpenAI answers), else the default, capped."""
+    the context window (a 400 naming it, as OpenAI answers; cut to the room where `clamp`,
+    as Anthropic does), else the default, capped."""
     for param in ("max_completion_tokens", "max_tokens"):
         asked = getattr(request, param)
         if asked is not None:
+            if asked > room and clamp:
+                return room
             if asked > room:
                 raise invalid_request(
                     f"'{param}' is {asked}, but the prompt leaves room for at most {room} "

@@ -232,7 +232,7 @@ def test_a_schema_llguidance_cannot_take_is_a_400_naming_the_parameter(
         ({"logit_bias": {"12": 101}}, "logit_bias"),
         ({"logit_bias": {"2048": 1}}, "logit_bias"),  # past the demo's vocabulary
         ({"max_tokens": 10**12}, "max_tokens"),
-        ({"max_completion_tokens": 2048}, "max_completion_tokens"),
+        ({"max_completion_tokens": 65536}, "max_completion_tokens"),  # the demo's whole window
     ],
 )  # fmt: skip
 def test_options_that_cannot_be_honoured_are_refused_by_name(
@@ -269,7 +269,14 @@ def test_the_fingerprint_is_a_string_on_every_answer(client: openai.OpenAI) -> N
     assert {chunk.system_fingerprint for chunk in stream} == {whole.system_fingerprint}
 
 
-def test_an_omitted_max_tokens_is_capped_to_the_room_left(client: openai.OpenAI) -> None:
+def test_an_omitted_max_tokens_is_capped_to_the_room_left(
+    start_server, api_key: str, make_client, tmp_path
+) -> None:
+    short = tmp_path / "short"  # the demo with a window shorter than the default max_tokens
+    shutil.copytree(DEMO_MODEL, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 2048}))
+    client = make_client(start_server(models=f"demo={short}"), api_key)
     completion = client.chat.completions.create(
         model="demo", messages=[{"role": "user", "content": "word " * 450}], seed=0
     )

@@ -102,6 +102,7 @@ class Sequence:
             finish_reason=reason,
             logprobs=self._logprobs(choice) if self.request.params.logprobs else None,
             cached_tokens=self.cached_tokens,
+            stop_sequence=self._stops.matched if reason == "stop" else None,
         )
 
     def _logprobs(self, choice: TokenChoice) -> list[TokenLogprob]:

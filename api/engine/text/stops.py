@@ -16,6 +16,7 @@ class StopStringMatcher:
     def __init__(self, stop: Sequence[str]) -> None:
         self._stops = tuple(s for s in stop if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string found, once one is
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit, whether a stop string was found).
@@ -29,7 +30,7 @@ class StopStringMatcher:
         for stop in self._stops:
             index = text.find(stop)
             if index != -1 and (first == -1 or index < first):
-                first = index
+                first, self.matched = index, stop
         if first != -1:
             self._held = ""
             return text[:first], True
