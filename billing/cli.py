@@ -269,9 +269,16 @@ def sweep() -> None:
 
 @app.command()
 def packs() -> None:
-    """List the catalog of token packs."""
-    for pack in BillingSettings().catalog():
+    """List the catalog of token packs, then the monthly plans (PLANS)."""
+    settings = BillingSettings()
+    for pack in settings.catalog():
         typer.echo(f"{pack.id}\t{pack.tokens} tokens\t{pack.price} {pack.currency}\t{pack.title}")
+    for plan in settings.plan_catalog():
+        days = plan.period_seconds // 86_400
+        typer.echo(
+            f"{plan.id}\t{plan.tokens} tokens every {days} days\t{plan.price} {plan.currency}"
+            f"\t{plan.title} (plan)"
+        )
 
 
 @promo_app.command("create")

@@ -86,3 +86,12 @@ def test_packs_lists_the_catalog(tokenshop):
     result = tokenshop("packs")
     assert result.returncode == 0
     assert "starter\t100000 tokens\t50 XTR" in result.stdout
+    assert "plan" not in result.stdout  # no PLANS: no plans
+
+
+def test_packs_lists_the_monthly_plans_after_the_packs(tokenshop):
+    result = tokenshop("packs", PLANS="basic:1000000:300:Basic")
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[-1] == (
+        "basic\t1000000 tokens every 30 days\t300 XTR\tBasic (plan)"
+    )

@@ -75,9 +75,7 @@ async def subscribe(
 
 def subscription_of(session: Session, user: TelegramUser) -> Subscription:
     account = account_of(session, user)
-    return session.exec(
-        select(Subscription).where(Subscription.account_id == account.id)
-    ).one()
+    return session.exec(select(Subscription).where(Subscription.account_id == account.id)).one()
 
 
 def available(session: Session, user: TelegramUser) -> int:
@@ -283,9 +281,7 @@ async def test_reconciliation_credits_a_renewal_whose_update_was_lost(
     renewed = days_ahead(0)
     telegram.star_transactions += [
         star_payment("sub-1", alice, 300, link.payload, subscription_period=PERIOD),
-        star_payment(
-            "sub-2", alice, 300, link.payload, date=renewed, subscription_period=PERIOD
-        ),
+        star_payment("sub-2", alice, 300, link.payload, date=renewed, subscription_period=PERIOD),
     ]
 
     report = await reconcile_star_transactions(shop_bot)
