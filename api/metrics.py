@@ -1,9 +1,15 @@
-"""Prometheus metrics, in a registry of the app's own (several apps can live in one process)."""
+"""Prometheus metrics, in a registry of the app's own (several apps can live in one process).
+`deploy/grafana/tokenshop.json` draws them and `deploy/prometheus/alerts.yml` alerts on them
+(docs/deploying.md); tests/api/test_dashboards.py keeps those to metrics that exist."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC
 
+from anyio import to_thread
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -12,8 +18,14 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from sqlalchemy import Engine
 
 from api.engine.protocol import EngineClient
+from billing import reports
+from billing.db import reading, session_scope
+from billing.models import utcnow
+
+logger = logging.getLogger("tokenshop.api")
 
 
 class Metrics:
@@ -45,8 +57,76 @@ class Metrics:
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
             registry=self.registry,
         )
+        self.request_seconds = Histogram(
+            "tokenshop_request_duration_seconds",
+            "From a request's arrival to its response's last byte (a stream's end), by route.",
+            ["route"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.books = _BooksCollector()
         self.registry.register(_EngineCollector(engines))
         self.registry.register(_UpstreamCollector(engines))
+        self.registry.register(self.books)
+
+    async def read_books(self, db: Engine) -> None:
+        """Read the books' figures for this scrape (one short read; every replica reads the
+        same shared figures, so dashboards take their max). A database out of reach leaves
+        them out of this scrape rather than failing it."""
+
+        def read() -> _BooksFigures:
+            with session_scope(reading(db)) as session:
+                holds = reports.open_holds(session=session)
+                entries = reports.ledger_entries(session=session)
+            placed = holds.oldest
+            if placed is not None and placed.tzinfo is None:  # SQLite gives naive UTC back
+                placed = placed.replace(tzinfo=UTC)
+            oldest = (utcnow() - placed).total_seconds() if placed else 0.0
+            return _BooksFigures(holds.holds, holds.tokens, max(oldest, 0.0), entries)
+
+        try:
+            self.books.figures = await to_thread.run_sync(read)
+        except Exception as error:
+            logger.warning("metrics: could not read the books: %s", type(error).__name__)
+            self.books.figures = None
+
+
+@dataclass(frozen=True)
+class _BooksFigures:
+    open_holds: int
+    held_tokens: int
+    oldest_hold_seconds: float
+    ledger_entries: int
+
+
+class _BooksCollector(Collector):
+    """Open holds and ledger writes, as the database has them at the last `read_books`."""
+
+    def __init__(self) -> None:
+        self.figures: _BooksFigures | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self.figures
+        if figures is None:
+            return
+        yield GaugeMetricFamily(
+            "tokenshop_open_holds",
+            "Holds of requests in flight, every replica's.",
+            figures.open_holds,
+        )
+        yield GaugeMetricFamily(
+            "tokenshop_held_tokens", "Tokens reserved by open holds.", figures.held_tokens
+        )
+        yield GaugeMetricFamily(
+            "tokenshop_oldest_open_hold_seconds",
+            "Age of the oldest open hold (past the hold TTL: the sweeper is not resolving them).",
+            figures.oldest_hold_seconds,
+        )
+        yield CounterMetricFamily(
+            "tokenshop_ledger_entries",
+            "Ledger entries ever written (purchases, grants, usage, refunds).",
+            figures.ledger_entries,
+        )
 
 
 class _EngineCollector(Collector):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -48,6 +49,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         request_id = self._request_id(scope)
+        started = time.perf_counter()
         scope.setdefault("state", {})["request_id"] = request_id  # `request.state.request_id`
         status = {"code": 500}
 
@@ -70,7 +72,9 @@ class RequestContext:
         else:
             await self.app(scope, body or receive, send_with_id)
         finally:
-            self.metrics.requests.labels(_route(scope["path"]), str(status["code"])).inc()
+            route = _route(scope["path"])
+            self.metrics.requests.labels(route, str(status["code"])).inc()
+            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
 
     def _request_id(self, scope: Scope) -> str:
         for name, value in scope.get("headers", []):

@@ -178,3 +178,9 @@ def support_queue(*, session: Session, limit: int = 20) -> list[Waiting]:
         .limit(limit)
     ).all()
     return [Waiting(int(i), t, n, str(x), at) for i, t, n, x, at in rows]
+
+
+def ledger_entries(*, session: Session) -> int:
+    """Entries ever appended to the ledger (its highest id: one index read, however long the
+    ledger), so a rate of it is ledger writes per second."""
+    return int(session.execute(select(func.coalesce(func.max(LedgerEntry.id), 0))).scalar_one())

@@ -58,4 +58,5 @@ async def ready(services: ServicesDep, request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(services: ServicesDep) -> Response:
+    await services.metrics.read_books(services.db)  # open holds and ledger writes, shared
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
