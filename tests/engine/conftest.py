@@ -11,7 +11,7 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -290,9 +290,12 @@ def manual_sequence(engine: LocalEngine, request: GenerationRequest) -> Sequence
 
 
 def run_steps(
-    engine: LocalEngine, joins: dict[int, list[GenerationRequest]]
+    engine: LocalEngine,
+    joins: dict[int, list[GenerationRequest]],
+    prepare: Callable[[Sequence], None] | None = None,
 ) -> tuple[dict[str, list[GenerationOutput]], int]:
-    """Step the scheduler by hand; requests of `joins[k]` are queued before step k.
+    """Step the scheduler by hand; requests of `joins[k]` are queued before step k, each
+    sequence given to `prepare` first.
 
     Returns each request's outputs and the largest batch a decode step ran.
     """
@@ -302,6 +305,8 @@ def run_steps(
     while step <= last_join or any(not s.finished for s in sequences.values()):
         for request in joins.get(step, []):
             sequences[request.request_id] = manual_sequence(engine, request)
+            if prepare is not None:
+                prepare(sequences[request.request_id])
             engine.scheduler.submit(sequences[request.request_id])
         engine.scheduler.step()
         largest = max(largest, engine.scheduler.last_batch_size)

@@ -5,16 +5,53 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from api.engine.protocol import GenerationOutput, GenerationRequest
 from api.engine.runtime.prefill import Prefill, PrefillCall
+from api.engine.runtime.sequence import Sequence
+from api.engine.runtime.speculation import Drafting, PromptLookup, Speculator
 from tests.engine.conftest import TinyExport, greedy, manual_sequence, token_ids
 
+
 # gemma's export has no position_ids input: it exercises the engine's unpadded-group fallback.
-ARCHITECTURES = ["llama", "qwen2", "gpt2", "phi3", "gemma"]
+ARCHITECTURES = ["llama", "qwen2", "mistral", "gpt2", "phi3", "gemma"]
+
+
+class ScriptedLookup(PromptLookup):
+    """Proposes the reference continuation, every `WRONG`-th token replaced: each verify step
+    meets accepted drafts, a rejection and the token after it."""
+
+    WRONG = 3
+
+    def __init__(self, reference: list[int], output: list[int]) -> None:
+        super().__init__([], output)
+        self.reference = reference
+
+    def propose(self, limit: int) -> list[int]:
+        at = len(self.output)
+        draft = self.reference[at : at + limit]
+        return [t if (at + i) % self.WRONG else (t + 1) % 2048 for i, t in enumerate(draft)]
+
+
+class AlwaysVerify(Speculator):
+    """Verifies every draft proposed, whatever the step costs."""
+
+    def _best_width(self, rows: list[Drafting], proposals: list[list[int]]) -> int:
+        return max(len(p) for p in proposals)
+
+
+def draft_from(references: dict[str, list[int]]) -> Callable[[Sequence], None]:
+    """For `run_steps`: each sequence drafts its reference tokens (request id -> tokens)."""
+
+    def prepare(sequence: Sequence) -> None:
+        reference = references[sequence.request_id]
+        sequence.drafting = Drafting(ScriptedLookup(reference, sequence.output_ids))
+
+    return prepare
 
 
 def random_prompt(export: TinyExport, length: int, seed: int) -> list[int]:

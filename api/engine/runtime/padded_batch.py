@@ -149,12 +149,13 @@ class PaddedBatch:
         return [array[row, :, start:, :] for array in self._cache.past]
 
     def decode(self) -> np.ndarray:
-        """One token for every sequence, in one graph call when the graph allows."""
+        """One token for every sequence, in one graph call when the graph allows. Logits are
+        in the order of `seqs` as it was when called (the caller samples them for that list)."""
         assert self._cache is not None
         if self.pads or len(set(self._cache.lengths.tolist())) == 1:
             return self._step(self._cache, self.seqs)
         # Positions come from the cache width (no position_ids) or padding cannot be masked:
-        # decode each group of equal-length rows unpadded, then rejoin.
+        # decode each group of equal-length rows unpadded, then rejoin, grouped.
         groups: dict[int, list[int]] = defaultdict(list)
         for row, length in enumerate(self._cache.lengths.tolist()):
             groups[length].append(row)
@@ -166,7 +167,10 @@ class PaddedBatch:
             order.extend(rows)
         self._cache = KVCache.concat(caches)
         self.seqs = [self.seqs[r] for r in order]
-        return np.concatenate(parts, axis=0)
+        grouped = np.concatenate(parts, axis=0)
+        logits = np.empty_like(grouped)
+        logits[np.asarray(order)] = grouped  # back in the caller's row order
+        return logits
 
     def drop_finished(self) -> None:
         keep = [i for i, s in enumerate(self.seqs) if not (s.finished or s.aborted)]

@@ -7,12 +7,16 @@ decode steps with left padding, and each must still match its own unbatched PyTo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.engine.conftest import TinyExport, collect, greedy, make_engine, run_steps
 from tests.engine.helpers import (
     ARCHITECTURES,
+    AlwaysVerify,
     assert_same_tokens,
+    draft_from,
     random_prompt,
     tokens_of,
     transformers_greedy,
@@ -55,6 +59,42 @@ def test_sequences_joining_the_batch_at_different_steps_each_match_transformers(
         prompt = prompts[f"r{i}"]
         want = transformers_greedy(export, prompt, max_tokens)
         assert_same_tokens(export, prompt, tokens_of(outputs[f"r{i}"]), want)
+
+
+def test_a_crowd_of_sequences_with_speculation_on_each_match_transformers(
+    export: TinyExport, library: Path
+) -> None:
+    """Speculation on, as served, with a crowd: eight prompts arrive at once and more join
+    later, so rows of many lengths decode together, some of equal lengths apart. Where the graph's
+    attention is ours, every row verifies its drafts in the same call: each drafts
+    transformers' own continuation with every third token wrong, so each step meets accepted
+    drafts, a rejection and rows of different widths. Where it is not (gpt2, gemma), the rows
+    of equal length decode in groups, whose logits must come back to their own rows."""
+    engine = make_engine(
+        export.path, max_active_sequences=16, speculative_tokens=4, ops_library=library
+    )
+    fused = "fused-attention" in engine.model.serving_path.graph_edits
+    assert (engine.scheduler.speculator is not None) == fused
+    if fused:
+        engine.scheduler.speculator = AlwaysVerify(4)
+    lengths = [5, 12, 5, 21, 12, 8, 37, 8]  # equal lengths apart: rows grouped out of order
+    plan = [(0, n, 12 + i) for i, n in enumerate(lengths)] + [(2, 17, 14), (5, 2, 12), (5, 30, 10)]
+    prompts = {f"r{i}": random_prompt(export, n, seed=40 + i) for i, (_, n, _) in enumerate(plan)}
+    wants = {
+        f"r{i}": transformers_greedy(export, prompts[f"r{i}"], max_tokens)
+        for i, (_, _, max_tokens) in enumerate(plan)
+    }
+    joins: dict[int, list] = {}
+    for i, (step, _, max_tokens) in enumerate(plan):
+        joins.setdefault(step, []).append(greedy(f"r{i}", prompts[f"r{i}"], max_tokens))
+
+    outputs, largest_batch = run_steps(engine, joins, prepare=draft_from(wants))
+
+    assert largest_batch >= 8
+    if fused:
+        assert engine.scheduler.speculator.accepted > 0
+    for name, want in wants.items():
+        assert_same_tokens(export, prompts[name], tokens_of(outputs[name]), want)
 
 
 @pytest.mark.anyio

@@ -19,6 +19,7 @@ from api.engine.runtime.speculation import (
     StepCosts,
 )
 from tests.engine.conftest import DEMO_DIR, greedy, make_engine, manual_sequence, token_ids
+from tests.engine.helpers import AlwaysVerify, ScriptedLookup
 
 # A prompt that repeats itself, as a document being edited does: its continuation is predicted
 # by looking it up.
@@ -105,26 +106,6 @@ def test_a_lone_stream_drafts_again_after_a_busy_spell_found_drafts_dear() -> No
 # (bench/speculative.py measures it on a model that does). These tests draft the text a request
 # is known to produce, from a run without drafts, with every third draft token wrong, and
 # always verify them: every step meets accepted drafts, a rejection and the token after it.
-
-
-class ScriptedLookup(PromptLookup):
-    """Proposes the reference continuation, every `WRONG`-th token replaced."""
-
-    WRONG = 3
-
-    def __init__(self, reference: list[int], output: list[int]) -> None:
-        super().__init__([], output)
-        self.reference = reference
-
-    def propose(self, limit: int) -> list[int]:
-        at = len(self.output)
-        draft = self.reference[at : at + limit]
-        return [t if (at + i) % self.WRONG else (t + 1) % 2048 for i, t in enumerate(draft)]
-
-
-class AlwaysVerify(Speculator):
-    def _best_width(self, rows: list[Drafting], proposals: list[list[int]]) -> int:
-        return max(len(p) for p in proposals)
 
 
 def generate(
