@@ -16,7 +16,6 @@ from api.engine.runtime.sequence import Sequence
 from api.engine.runtime.speculation import Drafting, PromptLookup, Speculator
 from tests.engine.conftest import TinyExport, greedy, manual_sequence, token_ids
 
-
 # gemma's export has no position_ids input: it exercises the engine's unpadded-group fallback.
 ARCHITECTURES = ["llama", "qwen2", "mistral", "gpt2", "phi3", "gemma"]
 
