@@ -37,6 +37,19 @@ async def screenshot(page: Any, name: str) -> None:
         await page.screenshot(path=str(Path(SHOTS) / f"{name}.png"))
 
 
+def side_by_side(names: list[str], out: str) -> None:
+    """The README's picture: screenshots next to each other."""
+    from PIL import Image
+
+    shots = [Image.open(Path(SHOTS or ".") / f"{name}.png") for name in names]
+    picture = Image.new(
+        "RGB", (sum(s.width for s in shots) + 16 * (len(shots) - 1), shots[0].height)
+    )
+    for n, shot in enumerate(shots):
+        picture.paste(shot, (n * (shot.width + 16), 0))
+    picture.save(Path(SHOTS or ".") / f"{out}.png", optimize=True)
+
+
 async def text(page: Any, selector: str) -> str:
     return (await page.locator(selector).inner_text()).strip()
 
@@ -187,6 +200,10 @@ async def test_an_operator_sees_revenue_and_usage_and_a_buyer_is_refused(
     top = await page.locator("#top-table tbody tr").first.inner_text()
     assert top.split("\t") == ["Alice", "8,500", "750"]
     await screenshot(page, "miniapp-operator-dark")
+    if SHOTS and (Path(SHOTS) / "miniapp-usage-light.png").exists():
+        side_by_side(
+            ["miniapp-usage-light", "miniapp-usage-dark", "miniapp-operator-dark"], "miniapp"
+        )
 
     shopper = await open_app(chromium, app_server, signed_init_data(person(ALICE)))
     await shopper.wait_for_function("tokenshop.state.token !== null")
