@@ -3,21 +3,27 @@ it finds its way back.
 
 Each copy shown to an operator is recorded by (chat, message id), so a reply in any bot process
 finds the buyer from the database alone; the operator sees the buyer's charges and balance
-beside the message (`context_of`).
+beside the message (`context_of`). When the bot asks a buyer to write (`/paysupport`, the
+Support button), the account remembers it (`open_prompt`), so the buyer's next plain message
+goes to the operators whichever bot process receives it (`answers_prompt`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from billing import ledger, stray_charges
-from billing.models import Account, Purchase, StrayCharge, SupportCopy, SupportMessage
+from billing.models import Account, Purchase, StrayCharge, SupportCopy, SupportMessage, utcnow
 from billing.purchases import recent_purchases
 
 TEXT_LIMIT = 4096
+# How long after the bot asked a buyer to write their next plain message still goes to support.
+PROMPT_LIFETIME = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,38 @@ class BuyerContext:
     strays: list[StrayCharge]
 
 
+def open_prompt(*, session: Session, account_id: int, now: datetime | None = None) -> None:
+    """The bot asked the buyer to write to support: their next plain message is for the
+    operators, for `PROMPT_LIFETIME`."""
+    session.execute(
+        update(Account)
+        .where(col(Account.id) == account_id)
+        .values(support_prompt_at=now or utcnow())
+    )
+
+
+def answers_prompt(*, session: Session, account_id: int, now: datetime | None = None) -> bool:
+    """Whether the buyer's plain message answers an open support prompt. True once per prompt:
+    the prompt is closed by one guarded UPDATE, so of two bot processes given messages at once
+    only one takes it."""
+    since = (now or utcnow()) - PROMPT_LIFETIME
+    result = session.execute(
+        update(Account)
+        .where(col(Account.id) == account_id, col(Account.support_prompt_at) >= since)
+        .values(support_prompt_at=None)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
 def record_message(
     *, session: Session, account_id: int, text: str, operator_id: int | None = None
 ) -> SupportMessage:
-    """A buyer's message (operator_id None) or an operator's reply."""
+    """A buyer's message (operator_id None), which answers any prompt still open, or an
+    operator's reply."""
+    if operator_id is None:
+        session.execute(
+            update(Account).where(col(Account.id) == account_id).values(support_prompt_at=None)
+        )
     message = SupportMessage(account_id=account_id, operator_id=operator_id, text=text[:TEXT_LIMIT])
     session.add(message)
     session.flush()

@@ -164,7 +164,7 @@ def _add_handlers(application: Application, settings: BotSettings) -> None:  # t
             MessageHandler(filters.REPLY & filters.TEXT & ~filters.COMMAND & private, replies),
             MessageHandler(filters.Text(list(keyboards.menu_labels())) & private, start.on_menu),
             MessageHandler(filters.COMMAND & private, support.unknown_command),
-            MessageHandler(filters.TEXT & private, support.fallback),
+            MessageHandler(filters.TEXT & private, support.on_text),
         ]
     )
 

@@ -1,10 +1,11 @@
 """`/help`, `/terms`, `/privacy` and `/paysupport` (Telegram requires the last three of bots that
 sell digital goods), support inside the bot, and the replies to anything it does not understand.
 
-A buyer writes to support with `/paysupport <text>` or by answering the prompt of the Support
-button; the message reaches every operator with the buyer's charges and balance, and an
-operator's reply to it (Telegram's reply) goes back to the buyer. It works without any
-`SUPPORT_CONTACT`; that contact, when set, is offered besides.
+A buyer writes to support with `/paysupport <text>`, or with the next plain message after
+`/paysupport` or the Support button (the account remembers the prompt, so any bot process
+takes it), or as a reply to the prompt; the message reaches every operator with the buyer's
+charges and balance, and an operator's reply to it (Telegram's reply) goes back to the buyer.
+It works without any `SUPPORT_CONTACT`; that contact, when set, is offered besides.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ async def pay_support(update: Update, context: ContextTypes.DEFAULT_TYPE) -> Non
         )
 
     purchases, strays = await runtime(context).read(work)
+    await _open_prompt(context, account_id)
     language = lang(update, context)
     listed = [
         t(
@@ -140,14 +142,42 @@ async def pay_support(update: Update, context: ContextTypes.DEFAULT_TYPE) -> Non
 
 
 async def ask(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-    """The Support button: ask for the message, as a reply to this prompt."""
+    """The Support button: ask for the message, the next one the buyer sends (or a reply to
+    this prompt)."""
     assert update.effective_message is not None
     if update.callback_query is not None:
         await update.callback_query.answer()
+    account = await account_of(update, context)
+    assert account.id is not None
+    await _open_prompt(context, account.id)
     await update.effective_message.reply_text(
         t(lang(update, context), "support_prompt"),
         reply_markup=ForceReply(input_field_placeholder="…"),
     )
+
+
+async def _open_prompt(context: ContextTypes.DEFAULT_TYPE, account_id: int) -> None:
+    def work(session: Session) -> None:
+        support.open_prompt(session=session, account_id=account_id)
+
+    await runtime(context).run(work)
+
+
+async def on_text(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """A plain message: for the operators when it answers a support prompt, else the help."""
+    message = update.effective_message
+    assert message is not None
+    account = await account_of(update, context)
+    assert account.id is not None
+    account_id = account.id
+
+    def take(session: Session) -> bool:
+        return support.answers_prompt(session=session, account_id=account_id)
+
+    if await runtime(context).run(take):
+        await _to_operators(update, context, message.text or "")
+        return
+    await fallback(update, context)
 
 
 def _is_prompt(text: str | None) -> bool:

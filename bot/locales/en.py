@@ -151,8 +151,8 @@ TEXTS: dict[str, str] = {
         "\n"
         "Telegram refunds a payment in full or not at all. Within {days} days of a "
         "purchase, while its tokens are unused, ask and it is refunded. To write to "
-        "the operators, tap the button below or send <code>/paysupport</code> followed "
-        "by your message; quote the charge id.{contact}"
+        "the operators, just send your message now (quote the charge id); it reaches "
+        "them as it is.{contact}"
     ),
     "paysupport_none": "You have no payments yet.",
     "paysupport_line": "{time} · {pack} · {price} ⭐ · <code>{charge_id}</code>{refunded}",
@@ -344,7 +344,7 @@ TEXTS: dict[str, str] = {
     "paysupport_stray_refunded": "refunded",
     "paysupport_stray_pending": "refund pending",
     "button_write_support": "💬 Write to support",
-    "support_prompt": "💬 Write your message to support as a reply to this message.",
+    "support_prompt": "💬 Write your message to support: send it now, as your next message.",
     "support_sent": "✅ Your message was passed to the operators; their answer will come here.",
     "support_unreachable": (
         "Your message was saved, but no operator could be reached right now. Please "

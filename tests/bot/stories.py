@@ -1,13 +1,19 @@
-"""Steps that several stories share: accepting the terms and buying a pack end to end."""
+"""Steps that several stories share: accepting the terms and buying a pack end to end, and a
+second bot process on the same database."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from sqlmodel import Session
+from telegram.ext import Application
 
 from billing.accounts import find_telegram_account
 from billing.models import Account
+from bot.app import build_application
+from bot.settings import BotSettings
 from tests.bot.double import FakeTelegram, TelegramUser
 
 
@@ -72,3 +78,17 @@ def account_of(session: Session, user: TelegramUser) -> Account:
     account = find_telegram_account(session=session, telegram_id=user.id)
     assert account is not None and account.id is not None
     return account
+
+
+@asynccontextmanager
+async def another_bot(settings: BotSettings) -> AsyncIterator[Application]:  # type: ignore[type-arg]
+    """A second bot process on the same database, started as `run_polling` starts one."""
+    application = build_application(settings)
+    await application.initialize()
+    assert application.post_init is not None and application.post_shutdown is not None
+    await application.post_init(application)
+    try:
+        yield application
+    finally:
+        await application.post_shutdown(application)
+        await application.shutdown()

@@ -4,37 +4,19 @@ and tells the operators nothing twice; and a job runs in one process at a time."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 from sqlalchemy import Engine
 from telegram.ext import Application
 
 from billing.locks import single_runner
-from bot.app import build_application
 from bot.jobs import RECONCILE_LOCK, reconcile_star_transactions
 from bot.settings import BotSettings
 from tests.bot.conftest import ADMIN_ID
 from tests.bot.double import FakeTelegram, TelegramUser, star_payment
-from tests.bot.stories import buy_pack, order_pack
+from tests.bot.stories import another_bot, buy_pack, order_pack
 from tests.conftest import TEST_DATABASE_URL
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def another_bot(settings: BotSettings) -> AsyncIterator[Application]:  # type: ignore[type-arg]
-    """A second bot process on the same database, started as `run_polling` starts one."""
-    application = build_application(settings)
-    await application.initialize()
-    assert application.post_init is not None and application.post_shutdown is not None
-    await application.post_init(application)
-    try:
-        yield application
-    finally:
-        await application.post_shutdown(application)
-        await application.shutdown()
 
 
 def alerts(telegram: FakeTelegram) -> list[str]:

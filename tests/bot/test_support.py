@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from billing.models import SupportMessage
 from bot.settings import BotSettings
 from tests.bot.conftest import ADMIN_ID
 from tests.bot.double import FakeTelegram, TelegramUser
-from tests.bot.stories import buttons, buy_pack
+from tests.bot.stories import another_bot, buttons, buy_pack
 
 pytestmark = pytest.mark.anyio
 
@@ -51,6 +52,65 @@ async def test_a_support_message_and_the_operators_reply_make_the_round_trip(
         (None, "My <key> stopped working & I paid twice?"),
         (ADMIN_ID, "Your key works again; only one charge was taken."),
     ]
+
+
+async def test_after_paysupport_the_next_plain_message_reaches_every_operator_from_any_process(
+    bot_settings: BotSettings, engine: Engine, telegram: FakeTelegram, session: Session
+) -> None:
+    """Most people write right after the command. Two bot processes share the database: the
+    one that gets the message is not the one that answered `/paysupport`."""
+    second_operator = ADMIN_ID + 1
+    settings = bot_settings.model_copy(
+        update={"admin_telegram_ids": frozenset({ADMIN_ID, second_operator})}
+    )
+    async with another_bot(settings) as here, another_bot(settings) as there:
+        alice_here = TelegramUser(here, id=100_001, first_name="Alice")
+        alice_there = TelegramUser(there, id=100_001, first_name="Alice")
+        await buy_pack(alice_here, telegram, charge_id="charge-late")
+        await alice_here.send("/paysupport")
+
+        await alice_there.send("My payment did not arrive")
+
+        for operator_id in (ADMIN_ID, second_operator):
+            card = telegram.last_text_to(operator_id)
+            assert "Support message</b> from Alice (id 100001, en)" in card
+            assert "Available: 100,000 tokens" in card
+            assert "Starter · 50 ⭐ · <code>charge-late</code>" in card
+            assert "My payment did not arrive" in card
+        assert "passed to the operators" in telegram.last_text_to(alice_here.id)
+
+        pavel = TelegramUser(here, id=second_operator, first_name="Pavel")
+        await pavel.send("Found it: credited now.", reply_to=telegram.sent_to(second_operator)[-1])
+        assert telegram.last_text_to(alice_here.id) == "💬 <b>Support</b>:\nFound it: credited now."
+
+        await alice_there.send("ok thanks")  # the prompt was answered: no second message
+    assert "How it works" in telegram.last_text_to(alice_here.id)
+    assert messages(session) == [
+        (None, "My payment did not arrive"),
+        (second_operator, "Found it: credited now."),
+    ]
+
+
+async def test_the_support_buttons_prompt_takes_the_next_message_without_a_reply(
+    alice: TelegramUser, operator: TelegramUser, telegram: FakeTelegram
+) -> None:
+    await alice.send("/paysupport")
+    await alice.tap("support:write")
+    assert telegram.last_text_to(alice.id).startswith("💬 Write your message to support")
+
+    await alice.send("Where do I find my key?")
+
+    assert "Where do I find my key?" in telegram.last_text_to(operator.id)
+    assert "passed to the operators" in telegram.last_text_to(alice.id)
+
+
+async def test_a_plain_message_without_a_prompt_gets_the_help(
+    alice: TelegramUser, operator: TelegramUser, telegram: FakeTelegram
+) -> None:
+    await alice.send("hello")
+
+    assert "How it works" in telegram.last_text_to(alice.id)
+    assert telegram.texts_to(operator.id) == []
 
 
 async def test_paysupport_with_text_sends_it_at_once_even_without_a_support_contact(
