@@ -206,6 +206,12 @@ class EngineClient(ABC):
         `tools` are OpenAI function tools (`{"type": "function", "function": {...}}`) that the
         template renders; an engine that cannot show them raises `ToolsUnsupported`."""
 
+    def prompt_to_hold(self, messages: Sequence[ChatMessage], counted: int) -> int:
+        """The prompt tokens to hold for `messages`, which `encode_chat` counted `counted`: the
+        same, where this process renders the prompt; an upstream adds what its own template
+        counts beyond ours (`upstream/prompt_count.py`)."""
+        return counted
+
     def fingerprint(self) -> str:
         """OpenAI's `system_fingerprint`: a short digest of the backend configuration that
         changes whenever the model, its precision or the engine settings do."""

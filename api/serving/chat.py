@@ -207,7 +207,8 @@ class ChatService:
         )
         price = self.prices.get(request.model, DEFAULT_PRICE)
         chat_id = f"chatcmpl-{secrets.token_urlsafe(18)}"
-        max_cost = price.cost(prompt, n * max_new)
+        held_prompt = engine.prompt_to_hold(messages, prompt)  # what the engine will count
+        max_cost = price.cost(held_prompt, n * max_new)
 
         def generation_requests(max_tokens: int) -> list[GenerationRequest]:
             return [
@@ -233,7 +234,7 @@ class ChatService:
                 account_id=account_id,
                 key_id=key_id,
                 request_id=chat_id,
-                min_cost=price.cost(prompt, n),
+                min_cost=price.cost(held_prompt, n),
                 max_cost=max_cost,
                 model=request.model,
             )
@@ -243,8 +244,8 @@ class ChatService:
             raise
         self._remember_cover(account_id, covered=hold.amount >= max_cost)
         affordable = max_new
-        while price.cost(prompt, n * affordable) > hold.amount:
-            left = (hold.amount - prompt * price.prompt) / price.completion
+        while price.cost(held_prompt, n * affordable) > hold.amount:
+            left = (hold.amount - held_prompt * price.prompt) / price.completion
             affordable = min(affordable - 1, int(left) // n)
         if affordable < max_new:  # what left early asked for more than the hold covers
             await _close_all(early)
@@ -515,8 +516,8 @@ class ChatService:
                 tally.first_token_at - prepared.accepted_at
             )
         tally.completion[index] = output.completion_tokens
-        if 0 < output.prompt_tokens < tally.prompt_tokens:  # an upstream's own count, and the
-            tally.prompt_tokens = output.prompt_tokens  # hold was placed on an upper bound
+        if output.prompt_tokens > 0:  # the engine's count: an upstream's own, where it differs
+            tally.prompt_tokens = output.prompt_tokens
         tally.cached_tokens = max(tally.cached_tokens, output.cached_tokens)
 
     async def _checkpoint(self, prepared: PreparedChat) -> None:

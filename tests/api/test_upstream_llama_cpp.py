@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -28,8 +29,23 @@ HELLO = [{"role": "user", "content": "Hello there, how are the tokens today?"}]
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory) -> Iterator[UpstreamProcess]:
-    gguf = make_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+def gguf(tmp_path_factory) -> Path:
+    return make_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def llama(gguf: Path) -> Iterator[UpstreamProcess]:
+    yield from serve_gguf(gguf)
+
+
+@pytest.fixture(scope="module")
+def llama_chatml(gguf: Path) -> Iterator[UpstreamProcess]:
+    """The same model under llama-cpp-python's own ChatML format, which counts more prompt
+    tokens than the demo template for a conversation without a system message."""
+    yield from serve_gguf(gguf, "--chat_format", "chatml")
+
+
+def serve_gguf(gguf: Path, *options: str) -> Iterator[UpstreamProcess]:
     port = free_port()
     server = UpstreamProcess(
         [
@@ -52,6 +68,7 @@ def llama(tmp_path_factory) -> Iterator[UpstreamProcess]:
             "False",
             "--verbose",
             "False",
+            *options,
         ],
         port=port,
     )
@@ -199,3 +216,52 @@ def test_a_dropped_stream_frees_the_upstreams_slot_within_a_second(llama, throug
 def _open_holds(engine) -> int:
     with session_scope(engine) as session:
         return len(session.exec(select(Hold).where(Hold.state == "held")).all())
+
+
+SYSTEM_FIRST = [{"role": "system", "content": "Be brief."}, *HELLO]
+LONGER = [*HELLO, {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "More?"}]
+
+
+@pytest.mark.parametrize("messages", [HELLO, SYSTEM_FIRST, LONGER], ids=["user", "system", "3"])
+def test_with_the_upstreams_own_chat_format_usage_and_ledger_are_its_count(
+    llama_chatml, start_server, tmp_path, api_key, engine, messages
+):
+    """llama-cpp-python's `chatml` counts a prompt differently from the demo template: the
+    answer's usage and the bill are the upstream's count, streamed (its streams carry no
+    usage) and not."""
+    path = tmp_path / "models.toml"
+    path.write_text(models_toml("tiny", [llama_chatml.base_url], tokenizer=str(DEMO_MODEL)))
+    server = start_server(models_file=str(path))
+    direct = openai.OpenAI(base_url=llama_chatml.base_url, api_key="none", max_retries=0)
+    through = openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0)
+    own = direct.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0
+    )
+    if messages is not SYSTEM_FIRST:  # the case at hand: the counts differ
+        assert own.usage.prompt_tokens != local_prompt_tokens(messages)
+
+    answer = through.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0
+    )
+    chunks = list(
+        through.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+
+    for usage, request_id in ((answer.usage, answer.id), (chunks[-1].usage, chunks[0].id)):
+        assert (usage.prompt_tokens, usage.completion_tokens) == (
+            own.usage.prompt_tokens,
+            own.usage.completion_tokens,
+        )
+        entry = booked(engine, request_id)
+        assert (entry.prompt_tokens, entry.completion_tokens, -entry.amount) == (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+        )

@@ -8,9 +8,11 @@ and what arrived is billed. Closing the stream (the client left) closes the upst
 which stops the upstream's generation.
 
 Usage: the upstream's own figures wherever it reports them (`stream_options.include_usage`, or
-a non-streamed answer's `usage`); where it reports none, tokens counted here: one a chunk, or the
-configured tokenizer's count of it where larger, or the logprobs' count where present, and, for
-an answer that ended at its length, the `max_tokens` it was given. Never above `max_tokens`.
+a non-streamed answer's `usage`); where it reports none, tokens counted here: the prompt by the
+configured tokenizer plus what the upstream's template was seen to add (`prompt_count.py`), and
+one token a chunk, or the tokenizer's count of it where larger, or the logprobs' count where
+present, and, for an answer that ended at its length, the `max_tokens` it was given. Never above
+`max_tokens`.
 Tool calls the upstream returns structured (`tools` forwarded) count as completion tokens alike:
 their arguments' text is counted with the chunk's text.
 """
@@ -52,6 +54,7 @@ from api.engine.text.tokenizer import TokenizerWrapper
 from api.engine.upstream import http, wire
 from api.engine.upstream.backend import Backend
 from api.engine.upstream.config import DEFAULT_CONTEXT_LENGTH, UpstreamConfig, UpstreamTimeouts
+from api.engine.upstream.prompt_count import CALIBRATION, PromptOverhead
 
 logger = logging.getLogger("tokenshop.upstream")
 
@@ -87,6 +90,8 @@ class UpstreamEngine(EngineClient):
         if config.tokenizer is not None:
             self.tokenizer, self.chat_template = _load_tokenizer(config)
         self.prompt_is_bound = self.tokenizer is None
+        self.overhead = PromptOverhead()  # what its template counts beyond ours
+        self._calibrated = False
         self._client: httpx.AsyncClient | None = None  # health checks
         self._pool: http.Pool | None = None  # chat completions
         self._health: asyncio.Task[None] | None = None
@@ -106,6 +111,11 @@ class UpstreamEngine(EngineClient):
         if self.tokenizer is not None and self.chat_template is not None and not tools:
             return self.tokenizer.encode(self.chat_template.render(messages))
         return [0] * (wire.prompt_bound(messages) + tools_bound)
+
+    def prompt_to_hold(self, messages: Sequence[ChatMessage], counted: int) -> int:
+        if self.prompt_is_bound:  # an upper bound already
+            return counted
+        return self.overhead.to_hold(messages, counted=counted)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         if not request.messages:
@@ -144,6 +154,8 @@ class UpstreamEngine(EngineClient):
         )
         self._pool = http.Pool(connect_timeout=self.timeouts.connect)
         await self._check_all()
+        if not self.prompt_is_bound:  # before the first request is counted
+            await self._calibrate()
         self._health = asyncio.create_task(self._check_forever(), name=f"health-{self.model_id}")
 
     async def shutdown(self) -> None:
@@ -316,8 +328,45 @@ class UpstreamEngine(EngineClient):
 
     async def _check_forever(self) -> None:
         while True:
+            if not self.prompt_is_bound and not self._calibrated:
+                await self._calibrate()
             await asyncio.sleep(self.timeouts.health_every)
             await self._check_all()
+
+    async def _calibrate(self) -> None:
+        """Learn what an upstream's template adds to our prompt count (`prompt_count.py`)
+        from its usage of one-token answers to `CALIBRATION`, once one is up."""
+        assert self._client is not None
+        timeout = httpx.Timeout(self.timeouts.first_token, connect=self.timeouts.connect)
+        for messages in CALIBRATION:
+            backend = next((b for b in self.pool if b.up), None)
+            if backend is None:
+                return
+            body = {
+                "model": self.config.upstream_model,
+                "messages": [{"role": m.role, "content": m.content} for m in messages],
+                "max_tokens": 1,
+                "temperature": 0,
+            }
+            try:
+                response = await self._client.post(
+                    f"{backend.url}/chat/completions",
+                    json=body,
+                    headers=self._headers,
+                    timeout=timeout,
+                )
+                reported = int(response.json()["usage"]["prompt_tokens"])
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                return  # tried again after the next health check
+            counted = len(self.encode_chat(messages))
+            self.overhead.learn(messages, counted=counted, reported=reported)
+            logger.info(
+                "upstream %s counts %+d prompt tokens against ours for %d message(s)",
+                backend.url,
+                reported - counted,
+                len(messages),
+            )
+        self._calibrated = True
 
     async def _check_all(self) -> None:
         await asyncio.gather(*(self._check(backend) for backend in self.pool))
@@ -400,7 +449,13 @@ class _Tally:
 
     @property
     def prompt_tokens(self) -> int:
-        return self.reported_prompt or len(self.request.prompt_token_ids)
+        """The upstream's count; where it reported none, ours with what its template adds."""
+        if self.reported_prompt:
+            return self.reported_prompt
+        counted = len(self.request.prompt_token_ids)
+        if self.engine.prompt_is_bound:
+            return counted
+        return self.engine.overhead.estimate(self.request.messages, counted=counted)
 
     @property
     def completion_tokens(self) -> int:
@@ -417,12 +472,11 @@ class _Tally:
         if piece.prompt_tokens is not None and piece.completion_tokens is not None:
             self.reported_prompt = piece.prompt_tokens
             self.reported_completion = piece.completion_tokens
-            if piece.prompt_tokens > len(self.request.prompt_token_ids):
-                logger.warning(  # the hold cannot cover it; the bill is the hold's count
-                    "upstream counted %d prompt tokens for %s, more than the %d held",
-                    piece.prompt_tokens,
-                    self.request.request_id,
-                    len(self.request.prompt_token_ids),
+            if not self.engine.prompt_is_bound and piece.prompt_tokens > 0:
+                self.engine.overhead.learn(
+                    self.request.messages,
+                    counted=len(self.request.prompt_token_ids),
+                    reported=piece.prompt_tokens,
                 )
         calls = self._calls(piece.tool_calls) if piece.tool_calls else ()
         if piece.text or piece.logprobs or calls:
