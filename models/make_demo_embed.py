@@ -38,7 +38,9 @@ def _make_demo() -> Any:
     return sys.modules[name]
 
 
-def train_tokenizer(*, decoder: bool = False, vocab_size: int = 2048) -> Any:
+def train_tokenizer(
+    *, decoder: bool = False, token_types: bool = True, vocab_size: int = 2048
+) -> Any:
     """A WordPiece `PreTrainedTokenizerFast`: `<s> text </s>` for encoders, `text </s>` for a
     decoder (whose last token, the one pooled, is then always `</s>`, as Qwen3-Embedding's)."""
     from tokenizers import (
@@ -73,6 +75,10 @@ def train_tokenizer(*, decoder: bool = False, vocab_size: int = 2048) -> Any:
         unk_token="<unk>",
         mask_token="<mask>",
         model_max_length=512,
+        # ModernBERT and decoders take no token_type_ids
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"]
+        if token_types
+        else ["input_ids", "attention_mask"],
     )
 
 
@@ -146,7 +152,9 @@ def make_embedding_export(
     and export it to `out`; returns the torch `SentenceTransformer`."""
     from api.engine.export.embedding import export_embedding
 
-    tokenizer = tokenizer or train_tokenizer(decoder=arch in DECODERS)
+    tokenizer = tokenizer or train_tokenizer(
+        decoder=arch in DECODERS, token_types=arch in ("bert", "xlm-roberta")
+    )
     model = build_model(arch, tokenizer, **overrides)
     with tempfile.TemporaryDirectory() as tmp:
         directory = source or Path(tmp)

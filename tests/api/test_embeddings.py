@@ -223,3 +223,28 @@ def test_concurrent_requests_never_spend_more_than_the_balance(
         assert books.used == sum(spent) and books.held == 0
         assert books.balance == balance - sum(spent)
         assert ledger.audit(session=check) == []
+
+
+@pytest.mark.slow
+def test_an_embedding_burst_leaves_chat_streams_running(server, make_client, make_funded_key):
+    """Embeddings run on a worker of their own, never on the event loop or in the chat
+    scheduler's steps: a chat stream started with a long burst of embeddings in flight ends
+    while the burst is still running."""
+    client = make_client(server, make_funded_key(100_000_000), timeout=300)
+    texts = [f"{TEXTS[0] * 2} {i}" for i in range(2048)]  # ~25 tokens each, 4 requests
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        burst = [
+            pool.submit(client.embeddings.create, model="embed", input=texts) for _ in range(4)
+        ]
+        stream = client.chat.completions.create(
+            model="demo",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=32,
+            stream=True,
+        )
+        chunks = list(stream)
+        still_running = sum(not request.done() for request in burst)
+        done = [request.result() for request in burst]
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert still_running > 0
+    assert all(len(answer.data) == 2048 for answer in done)

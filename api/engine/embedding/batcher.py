@@ -134,19 +134,24 @@ class EmbeddingBatcher:
         at = ordered.index(0)
         budget, most = self.limits.batch_tokens, self.limits.max_batch_inputs
         chosen = {0}
-        longest = len(anchor.tokens)
+        size = longest = len(anchor.tokens)
         below, above = at - 1, at + 1
-        # shorter peers first: they add rows without raising the padded width
-        while below >= 0 and len(chosen) < most and (len(chosen) + 1) * longest <= budget:
-            chosen.add(ordered[below])
-            below -= 1
-        while above < len(ordered) and len(chosen) < most:
-            width = max(longest, len(window[ordered[above]].tokens))
-            if (len(chosen) + 1) * width > budget:
+        # grow toward whichever neighbour is nearer in length, while the batch fits
+        while len(chosen) < most:
+            rows = len(chosen) + 1
+            down = len(window[ordered[below]].tokens) if below >= 0 else -1
+            up = len(window[ordered[above]].tokens) if above < len(ordered) else -1
+            fits_down = down >= 0 and rows * longest <= budget
+            fits_up = up >= 0 and rows * max(longest, up) <= budget
+            if fits_up and (not fits_down or up - size <= size - down):
+                chosen.add(ordered[above])
+                longest = max(longest, up)
+                above += 1
+            elif fits_down:
+                chosen.add(ordered[below])
+                below -= 1
+            else:
                 break
-            chosen.add(ordered[above])
-            longest = width
-            above += 1
         batch = [window[i] for i in sorted(chosen, key=lambda i: len(window[i].tokens))]
         rest = [item for i, item in enumerate(window) if i not in chosen]
         waiting.extendleft(reversed(rest))

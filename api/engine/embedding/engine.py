@@ -81,6 +81,10 @@ class LocalEmbeddingEngine(EmbeddingClient):
         return [encoding.ids for encoding in encodings]
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        # the serving layer refuses these with the client's 400; here they would fail the
+        # whole batch they landed in, other clients' inputs with them
+        if not inputs or any(not 0 < len(tokens) <= self.context_length for tokens in inputs):
+            raise ValueError(f"every input must have 1 to {self.context_length} tokens")
         future = self.batcher.submit(inputs)
         try:
             return await future
