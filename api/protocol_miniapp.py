@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import IntEnum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class Days(IntEnum):
@@ -87,13 +87,29 @@ class PackOut(BaseModel):
     price: int  # Telegram Stars
 
 
+class PlanOut(PackOut):
+    """A monthly plan: `tokens` for `price` Stars every `period_days`, until cancelled."""
+
+    period_days: int
+
+
 class ShopOut(BaseModel):
     packs: list[PackOut]
+    plans: list[PlanOut] = []
     terms_accepted: bool
 
 
 class InvoiceRequest(BaseModel):
-    pack_id: str
+    """A pack (`pack_id`) or a monthly plan (`plan_id`), one of the two."""
+
+    pack_id: str | None = None
+    plan_id: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of_the_two(self) -> InvoiceRequest:
+        if (self.pack_id is None) == (self.plan_id is None):
+            raise ValueError("send pack_id or plan_id")
+        return self
 
 
 class InvoiceOut(BaseModel):

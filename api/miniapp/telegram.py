@@ -32,6 +32,21 @@ _INVOICE_TEXTS = {
         "{tokens} токенов",
     ),
 }
+# A monthly plan's invoice, a subscription's (the bot's plan_invoice_* texts).
+_PLAN_TEXTS = {
+    "en": (
+        "{title}: {tokens}/month",
+        "{tokens} tokens for the OpenAI-compatible API every 30 days, charged in Stars until "
+        "you cancel under /plan. Unused tokens carry over.",
+        "{tokens} tokens every 30 days",
+    ),
+    "ru": (
+        "{title}: {tokens}/мес",
+        "{tokens} токенов для API, совместимого с OpenAI, каждые 30 дней; оплата в Stars, "
+        "пока вы не отмените в /plan. Неизрасходованные токены переносятся.",
+        "{tokens} токенов каждые 30 дней",
+    ),
+}
 
 
 class TelegramUnavailable(Exception):
@@ -50,9 +65,11 @@ class BotApi:
         self.bot = Bot(token, base_url=base_url) if base_url else Bot(token)
 
     async def invoice_link(self, order: Order, language: str | None) -> str:
-        """A Stars invoice link for the order, for `Telegram.WebApp.openInvoice`."""
+        """A Stars invoice link for the order, for `Telegram.WebApp.openInvoice`; a monthly
+        plan's order gets a subscription's link (`subscription_period`)."""
         code = (language or "en").split("-")[0].lower()
-        title, description, label = _INVOICE_TEXTS.get(code, _INVOICE_TEXTS["en"])
+        texts = _INVOICE_TEXTS if order.subscription_period is None else _PLAN_TEXTS
+        title, description, label = texts.get(code, texts["en"])
         code = code if code in _INVOICE_TEXTS else "en"
         tokens = _number(code, order.tokens)
         try:
@@ -62,6 +79,7 @@ class BotApi:
                 payload=order.id,
                 currency=order.currency,
                 prices=[LabeledPrice(label.format(tokens=tokens), order.price)],
+                subscription_period=order.subscription_period,
             )
         except TelegramError as error:
             logger.warning("createInvoiceLink failed: %s", error.message)

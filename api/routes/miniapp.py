@@ -104,9 +104,11 @@ async def accept_terms(user: AppUserDep, miniapp: MiniAppDep) -> Response:
 
 @router.post("/invoice", response_model=InvoiceOut)
 async def invoice(body: InvoiceRequest, user: AppUserDep, miniapp: MiniAppDep) -> InvoiceOut:
-    """A Stars invoice link for a pack; the bot credits the tokens when Telegram reports the
-    payment, never this route or the page."""
-    return InvoiceOut(invoice_link=await miniapp.invoice_link(user, body.pack_id))
+    """A Stars invoice link for a pack or a monthly plan; the bot credits the tokens when
+    Telegram reports each payment, never this route or the page."""
+    return InvoiceOut(
+        invoice_link=await miniapp.invoice_link(user, pack_id=body.pack_id, plan_id=body.plan_id)
+    )
 
 
 @router.get("/support", response_model=SupportOut)

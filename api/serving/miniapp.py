@@ -36,6 +36,7 @@ from api.protocol_miniapp import (
     OperatorOut,
     PackDayOut,
     PackOut,
+    PlanOut,
     RefundsOut,
     SessionOut,
     ShopOut,
@@ -52,7 +53,8 @@ from billing import accounts, keys, ledger, reports, stats, stray_charges, suppo
 from billing.db import reading, session_scope
 from billing.errors import TermsNotAccepted
 from billing.models import ApiKey, Order, SupportMessage
-from billing.packs import find_pack
+from billing.packs import Pack, find_pack
+from billing.plans import find_plan
 from billing.purchases import create_order
 from billing.stats import UsageRow
 
@@ -253,6 +255,16 @@ class MiniApp:
                 PackOut(id=p.id, title=p.title, tokens=p.tokens, price=p.price)
                 for p in self.settings.catalog()
             ],
+            plans=[
+                PlanOut(
+                    id=p.id,
+                    title=p.title,
+                    tokens=p.tokens,
+                    price=p.price,
+                    period_days=p.period_seconds // 86_400,
+                )
+                for p in self.settings.plan_catalog()
+            ],
             terms_accepted=me.terms_accepted,
         )
 
@@ -262,10 +274,17 @@ class MiniApp:
 
         await self._write(work)
 
-    async def invoice_link(self, user: AppUser, pack_id: str) -> str:
-        """An order for the pack and its Stars invoice link; the bot credits the payment."""
+    async def invoice_link(
+        self, user: AppUser, pack_id: str | None = None, plan_id: str | None = None
+    ) -> str:
+        """An order for the pack (or the monthly plan) and its Stars invoice link (a plan's is a
+        subscription's, docs/plans.md); the bot credits every payment."""
         assert self.telegram is not None  # authenticate() refused every caller otherwise
-        pack = find_pack(self.settings.catalog(), pack_id)
+        pack: Pack = (
+            find_plan(self.settings.plan_catalog(), plan_id)
+            if plan_id is not None
+            else find_pack(self.settings.catalog(), pack_id or "")
+        )
 
         def work(session: Session) -> tuple[Order, str | None]:
             account = accounts.get_account(session=session, account_id=user.account_id)

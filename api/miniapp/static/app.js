@@ -259,25 +259,32 @@
     $("#terms").hidden = shop.terms_accepted;
     const list = $("#packs");
     list.textContent = "";
-    for (const pack of shop.packs) {
+    const items = shop.packs.map((pack) => ({ ...pack, kind: "pack", hint: `${number.format(pack.tokens)} tokens`, price: `${pack.price} ⭐` }))
+      .concat((shop.plans || []).map((plan) => ({
+        ...plan, kind: "plan", title: `🔁 ${plan.title}`,
+        hint: `${number.format(plan.tokens)} tokens every ${plan.period_days} days, until you cancel (/plan in the bot)`,
+        price: `${plan.price} ⭐/month`,
+      })));
+    for (const pack of items) {
       const item = document.createElement("li");
       item.style.padding = "0";
       const button = document.createElement("button");
       button.className = "pack";
-      button.dataset.pack = pack.id;
+      button.dataset[pack.kind] = pack.id;
       button.disabled = !shop.terms_accepted;
       button.innerHTML = `<span><span class="title"></span><br><span class="hint"></span></span><span class="price"></span>`;
       $(".title", button).textContent = pack.title;
-      $(".hint", button).textContent = `${number.format(pack.tokens)} tokens`;
-      $(".price", button).textContent = `${pack.price} ⭐`;
+      $(".hint", button).textContent = pack.hint;
+      $(".price", button).textContent = pack.price;
       item.appendChild(button);
       list.appendChild(item);
     }
   }
 
-  async function buy(packId) {
+  async function buy(choice) {
+    // choice: { pack_id } or { plan_id } (a monthly plan: a Stars subscription)
     const before = (await call("GET", "balance")).available;
-    const { invoice_link: link } = await call("POST", "invoice", { pack_id: packId });
+    const { invoice_link: link } = await call("POST", "invoice", choice);
     tg.openInvoice(link, (status) => {
       if (status === "paid") guarded(() => waitForCredit(before));
       else if (status === "failed") notify("The payment did not go through.");
@@ -290,8 +297,10 @@
     for (let attempt = 0; attempt < 40; attempt += 1) {
       await loadBalance();
       if (state.balance.available > before) {
-        notify(`Credited: +${number.format(state.balance.available - before)} tokens.`);
-        return show("balance").then(() => notify(`Credited: +${number.format(state.balance.available - before)} tokens.`));
+        const credited = state.balance.available - before;
+        await show("balance");
+        notify(`Credited: +${number.format(credited)} tokens.`);
+        return;
       }
       await new Promise((resolve) => setTimeout(resolve, 1500));
     }
@@ -384,8 +393,10 @@
       await loadShop();
     }));
     $("#packs").addEventListener("click", (event) => {
-      const button = event.target.closest("button[data-pack]");
-      if (button) guarded(() => buy(button.dataset.pack));
+      const button = event.target.closest("button[data-pack], button[data-plan]");
+      if (!button) return;
+      const choice = button.dataset.plan ? { plan_id: button.dataset.plan } : { pack_id: button.dataset.pack };
+      guarded(() => buy(choice));
     });
     $("#support-form").addEventListener("submit", (event) => {
       event.preventDefault();

@@ -31,6 +31,7 @@ from tests.bot.conftest import (  # noqa: F401  (the bot's fixtures, for the sto
 from tests.bot.double import API_BASE_URL, BOT_TOKEN, FakeTelegram
 
 PACKS = "starter:100000:50:Starter,pro:2000000:700:Pro"
+PLANS = "basic:1000000:300:Basic"  # a monthly plan (docs/plans.md)
 STAND_IN = Path(__file__).with_name("telegram-web-app.js")
 TELEGRAM_SCRIPT = "https://telegram.org/js/telegram-web-app.js"
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; .ci/run installs it
@@ -74,6 +75,7 @@ def app_server(start_server, telegram: FakeTelegram) -> LiveServer:  # noqa: F81
         telegram_api_base_url=API_BASE_URL,
         admin_telegram_ids=frozenset({ADMIN_ID}),
         packs=PACKS,
+        plans=PLANS,
     )
 
 

@@ -159,6 +159,34 @@ async def test_a_pack_bought_in_the_page_is_credited_by_the_bot(
 
 
 @pytest.mark.anyio
+async def test_a_monthly_plan_bought_in_the_page_is_a_subscription_the_bot_credits(
+    app_client, engine, telegram: FakeTelegram, alice: TelegramUser
+):
+    buyer = app_client(ALICE)
+    assert buyer("POST", "/terms").status_code == 204
+    shop = buyer.ok("GET", "/shop")
+    assert shop["plans"] == [
+        {"id": "basic", "title": "Basic", "tokens": 1_000_000, "price": 300, "period_days": 30}
+    ]
+    assert buyer("POST", "/invoice", json={"plan_id": "gold"}).status_code == 400
+    both = buyer("POST", "/invoice", json={"plan_id": "basic", "pack_id": "starter"})
+    assert both.status_code in (400, 422)
+
+    buyer.ok("POST", "/invoice", json={"plan_id": "basic"})
+    made = telegram.last("createInvoiceLink")
+    assert int(made["subscription_period"]) == 2_592_000
+    assert (made["currency"], made["prices"][0]["amount"]) == ("XTR", 300)
+    assert made["title"] == "Basic: 1,000,000/month"
+
+    await alice.pre_checkout(made["payload"], 300)
+    assert pre_checkout_answer(telegram) == (True, None)
+    renews = int((utcnow() + timedelta(days=30)).timestamp())
+    await alice.paid(made["payload"], 300, "sub-page-1", renews_at=renews, first=True)
+    await alice.paid(made["payload"], 300, "sub-page-2", renews_at=renews + 2_592_000)
+    assert buyer.ok("GET", "/balance")["purchased"] == 2_000_000
+
+
+@pytest.mark.anyio
 async def test_support_written_in_the_page_reaches_operators_and_their_reply_the_buyer(
     app_client, engine, telegram: FakeTelegram, operator: TelegramUser
 ):

@@ -158,6 +158,16 @@ async def test_a_buyer_sees_usage_manages_keys_and_buys_a_pack(
     assert await page.locator("#page-balance").is_visible()
     assert "+100,000" in await text(page, "#notice")
 
+    # A monthly plan is offered under the packs; its tap opens a subscription's invoice link.
+    await page.click('#tabs [data-page="buy"]')
+    plan = page.locator('#packs button[data-plan="basic"]')
+    assert "300 ⭐/month" in await plan.inner_text()
+    await plan.click()
+    await page.wait_for_function(
+        "Telegram.WebView.events.filter((e) => e.type === 'web_app_open_invoice').length === 2"
+    )
+    assert int(telegram.last("createInvoiceLink")["subscription_period"]) == 2_592_000
+
     # Telegram switches to its dark theme: the page follows.
     await page.evaluate(
         "(theme) => Telegram.WebView.receiveEvent('theme_changed', {theme_params: theme})", DARK
