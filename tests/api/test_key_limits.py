@@ -227,3 +227,38 @@ def test_rpm_and_tpm_answer_429_with_retry_after(limited, make_client, engine, s
         assert f"{number} {kind} per minute" in refused.value.message
         retry_after = int(refused.value.response.headers["retry-after"])
         assert 1 <= retry_after <= 60
+
+
+def test_on_v1_messages_each_refusal_is_anthropics_exception(limited, engine, secret_key):
+    """Anthropic's Messages API answers the same refusals in its own shape (issue 46)."""
+    import anthropic
+
+    key, key_id, account_id = new_key(engine, secret_key)
+    client = anthropic.Anthropic(base_url=limited.base_url.removesuffix("/v1"), api_key=key)
+    client = client.with_options(max_retries=0)
+    ask = {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    spent = client.messages.create(**ask).usage  # type: ignore[call-overload]
+
+    limit(engine, account_id, key_id, f"spend {spent.input_tokens + spent.output_tokens} total")
+    with pytest.raises(anthropic.RateLimitError) as by_spend:
+        client.messages.create(**ask)  # type: ignore[call-overload]
+    limit(engine, account_id, key_id, "clear; models other")
+    poll(lambda: _refused(client, ask, anthropic.PermissionDeniedError), within=2, what="403")
+    limit(engine, account_id, key_id, "clear; expires 2026-01-01")
+    poll(lambda: _refused(client, ask, anthropic.AuthenticationError), within=2, what="401")
+    client.close()
+
+    assert "spend limit" in by_spend.value.message
+    assert by_spend.value.response.headers["x-should-retry"] == "false"
+
+
+def _refused(client: Any, ask: dict[str, Any], error: type[Exception]) -> bool:
+    """Whether the request is refused with `error`; another answer (the key's cached limits,
+    for a tenth of a second) is not that refusal yet."""
+    import anthropic
+
+    try:
+        client.messages.create(**ask)
+    except anthropic.APIStatusError as refusal:
+        return isinstance(refusal, error)
+    return False

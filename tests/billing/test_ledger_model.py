@@ -1,11 +1,14 @@
 """A model check of the books: random sequences of credits, purchases, holds, checkpoints,
-settlements, releases, sweeps, refunds, key rotations, bursts of concurrent holds and races to
-resolve one hold never break the ledger's invariants.
+settlements, releases, sweeps, refunds, key rotations, key limits, bursts of concurrent holds
+and races to resolve one hold never break the ledger's invariants.
 
 The machine keeps its own arithmetic model of one account and compares it with the database
 after every step: the balance equals the model and the sum of the account's ledger entries, it is
 never negative, the held tokens equal the open holds and never exceed the balance, and every
-hold resolves exactly once (one usage entry per hold, whoever raced to resolve it).
+hold resolves exactly once (one usage entry per hold, whoever raced to resolve it). Holds made
+through the account's key are held against its limits too: the key's row holds what its open
+holds hold, has spent what its resolved holds were billed (across rotations, which keep it), and
+never reserves past its spend limit.
 
 `LEDGER_MODEL_EXAMPLES` sets the number of examples (1,000 by default, what CI runs on each
 database); the README's Guarantees section records a long run.
@@ -39,9 +42,9 @@ from sqlalchemy import Engine, event, func
 from sqlalchemy import select as sa_select
 from sqlmodel import col, select
 
-from billing import keys, ledger
+from billing import key_limits, keys, ledger
 from billing.db import make_engine, session_scope
-from billing.errors import InsufficientBalance, InvalidKey
+from billing.errors import InsufficientBalance, InvalidKey, KeyLimitReached
 from billing.models import Account, Hold, LedgerEntry, utcnow
 from billing.packs import Pack
 from billing.purchases import credit_purchase
@@ -61,6 +64,7 @@ burst_sizes = st.one_of(*[st.integers(2, 8)] * 7, st.integers(9, MAX_BURST))
 class OpenHold:
     amount: int
     used: int = 0  # the last checkpoint
+    keyed: bool = False  # made through the key: held against its limits too
 
 
 @dataclass
@@ -70,14 +74,40 @@ class Model:
     balance: int = 0
     holds: dict[str, OpenHold] = field(default_factory=dict)
     resolved: set[str] = field(default_factory=set)
+    key_limit: int | None = None  # the key's spend limit (period "total")
+    key_spent: int = 0  # billed through the key, across its rotations
+    key_ceiling: int | None = None  # spent + held may not pass this: the limit, or what was
+    # already spent and held when a lower limit was set
 
     @property
     def held(self) -> int:
         return sum(hold.amount for hold in self.holds.values())
 
     @property
+    def key_held(self) -> int:
+        return sum(hold.amount for hold in self.holds.values() if hold.keyed)
+
+    @property
+    def key_room(self) -> int | None:
+        if self.key_limit is None:
+            return None
+        return self.key_limit - self.key_spent - self.key_held
+
+    def resolve(self, request_id: str, charge: int) -> None:
+        hold = self.holds.pop(request_id)
+        self.balance -= charge
+        if hold.keyed:
+            self.key_spent += charge
+        self.resolved.add(request_id)
+
+    @property
     def available(self) -> int:
         return self.balance - self.held
+
+
+def _least(*bounds: int | None) -> int:
+    """The tightest of the bounds that are set."""
+    return min(bound for bound in bounds if bound is not None)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +131,7 @@ def books_machine(
 
         return list(pool.map(run, range(count)))
 
-    def try_hold(request_id: str, low: int, high: int) -> int | None:
+    def try_hold(request_id: str, low: int, high: int, key_id: int | None = None) -> int | None:
         try:
             with session_scope(engine) as session:
                 return ledger.hold(
@@ -111,8 +141,9 @@ def books_machine(
                     min_tokens=low,
                     max_tokens=high,
                     ttl=TTL,
+                    key_id=key_id,
                 ).amount
-        except InsufficientBalance:
+        except (InsufficientBalance, KeyLimitReached):
             return None
 
     account_id_of: list[int] = [0]  # the current example's account, for the helpers above
@@ -137,6 +168,7 @@ def books_machine(
                     ledger.grant(session=session, account_id=account.id, tokens=opening)
             account_id_of[0] = self.account_id
             self.model = Model(balance=opening)
+            self.key_id = self._key_id(self.key)
 
         # Money in.
         @rule(target=charges, tokens=st.integers(1, 5_000))
@@ -204,7 +236,7 @@ def books_machine(
 
         @rule(request_id=consumes(holds), fraction=st.floats(0, 1.5))
         def settle(self, request_id: str, fraction: float) -> None:
-            hold = self.model.holds.pop(request_id, None)
+            hold = self.model.holds.get(request_id)
             cost = int((hold.amount if hold else 100) * fraction)
             with session_scope(engine) as session:
                 first = ledger.settle(session=session, hold_id=request_id, cost=cost)
@@ -212,17 +244,16 @@ def books_machine(
             assert again is None  # settling twice is a no-op
             assert (first is not None) == (hold is not None)
             if hold is not None:
-                self.model.balance -= min(cost, hold.amount)
-                self.model.resolved.add(request_id)
+                self.model.resolve(request_id, min(cost, hold.amount))
 
         @rule(request_id=consumes(holds))
         def release(self, request_id: str) -> None:
-            hold = self.model.holds.pop(request_id, None)
+            hold = self.model.holds.get(request_id)
             with session_scope(engine) as session:
                 released = ledger.release(session=session, hold_id=request_id)
             assert released == (hold is not None)
             if hold is not None:
-                self.model.resolved.add(request_id)
+                self.model.resolve(request_id, 0)
 
         @rule(
             pick=st.integers(0, 1_000),
@@ -236,7 +267,7 @@ def books_machine(
             if self._no_open_holds():
                 return
             request_id = self._pick(pick)
-            hold = self.model.holds.pop(request_id)
+            hold = self.model.holds[request_id]
             cost = int(hold.amount * fraction)
 
             def resolve(index: int) -> tuple[str, bool]:
@@ -250,9 +281,7 @@ def books_machine(
             outcomes = together(count, resolve)
             winners = [kind for kind, won in outcomes if won]
             assert len(winners) == 1, outcomes
-            if winners[0] == "settle":
-                self.model.balance -= cost
-            self.model.resolved.add(request_id)
+            self.model.resolve(request_id, cost if winners[0] == "settle" else 0)
 
         @rule()
         def sweep_finds_nothing_stale_yet(self) -> None:
@@ -265,10 +294,8 @@ def books_machine(
             """A crashed worker's holds: the checkpointed usage is billed, the rest freed."""
             with session_scope(engine) as session:
                 ledger.release_stale_holds(session=session, now=utcnow() + TTL * 2)
-            for request_id, hold in self.model.holds.items():
-                self.model.balance -= hold.used
-                self.model.resolved.add(request_id)
-            self.model.holds.clear()
+            for request_id, hold in list(self.model.holds.items()):
+                self.model.resolve(request_id, hold.used)
 
         # Refunds and keys.
         @rule(charge_id=consumes(charges))
@@ -293,6 +320,60 @@ def books_machine(
                     keys.authenticate(session=session, key=self.key)
                 assert keys.authenticate(session=session, key=new_key).account_id == self.account_id
             self.key = new_key
+            self.key_id = self._key_id(new_key)  # the new key has the old one's limits and spend
+
+        @rule(spend=st.one_of(st.none(), st.integers(0, 6_000)))
+        def limit_key(self, spend: int | None) -> None:
+            """The buyer sets (or removes) the key's spend limit, over its whole life."""
+            with session_scope(engine) as session:
+                key_limits.set_limits(
+                    session=session,
+                    account_id=self.account_id,
+                    key_id=self.key_id,
+                    changes={"spend": spend, "period": "total"},
+                    now=utcnow(),
+                )
+            self.model.key_limit = spend
+            used = self.model.key_spent + self.model.key_held
+            self.model.key_ceiling = None if spend is None else max(spend, used)
+
+        @rule(target=holds, low=st.integers(1, 500), extra=st.integers(0, 3_000))
+        def hold_through_key(self, low: int, extra: int) -> str:
+            """A request made with the key: held against the balance and the key's limit."""
+            request_id = f"keyed-{next(_serial)}"
+            room = self.model.key_room
+            most = _least(self.model.available, low + extra, room)
+            amount = try_hold(request_id, low, low + extra, key_id=self.key_id)
+            if amount is None:
+                assert most < low, "refused although the balance and the key allowed it"
+            else:
+                assert amount == most
+                self.model.holds[request_id] = OpenHold(amount, keyed=True)
+            return request_id
+
+        @rule(count=burst_sizes, low=st.integers(1, 300), extra=st.integers(0, 1_500))
+        def burst_through_key(self, count: int, low: int, extra: int) -> None:
+            """`count` requests of the key at once, each on its own connection: together they
+            reserve no more than the balance, nor than the key's limit leaves."""
+            ids = [f"keyburst-{next(_serial)}" for _ in range(count)]
+            available, room = self.model.available, self.model.key_room
+            amounts = together(count, lambda i: try_hold(ids[i], low, low + extra, self.key_id))
+            granted = {
+                rid: amount for rid, amount in zip(ids, amounts, strict=True) if amount is not None
+            }
+            assert sum(granted.values()) <= available
+            if room is not None:
+                assert sum(granted.values()) <= max(room, 0)
+            self.model.holds.update(
+                {rid: OpenHold(amount, keyed=True) for rid, amount in granted.items()}
+            )
+            if len(granted) < count:
+                left = _least(self.model.available, self.model.key_room)
+                assert left < low, "refused although the balance and the key allowed it"
+
+        def _key_id(self, key: str) -> int:
+            with session_scope(engine) as session:
+                return keys.authenticate(session=session, key=key).key_id
 
         def _no_open_holds(self) -> bool:
             """Whether there is no hold to act on. Checked in the rule, not as a Hypothesis
@@ -338,6 +419,15 @@ def books_machine(
             assert open_holds == {rid: hold.amount for rid, hold in self.model.holds.items()}
             # every resolved hold has exactly one usage entry, and open ones none
             assert usage == dict.fromkeys(self.model.resolved, 1)
+            # the key's row, whichever of its rotations asked
+            with session_scope(engine) as session:
+                report = key_limits.report(session=session, key_id=self.key_id, now=utcnow())
+            assert report is not None
+            assert report.held == self.model.key_held
+            assert report.spent == report.spent_total == self.model.key_spent
+            assert report.limits.spend == self.model.key_limit
+            if self.model.key_ceiling is not None:
+                assert report.spent + report.held <= self.model.key_ceiling
 
         def teardown(self) -> None:
             """Close the example's holds (a long run outlives their TTL) and audit every book."""
