@@ -119,9 +119,13 @@ async def on_subscription_action(update: Update, context: ContextTypes.DEFAULT_T
     if subscription is None or subscription.id is None:
         await query.edit_message_text(t(language, "plan_gone"))
         return
-    if not subscriptions.is_active(subscription) or subscription.first_charge_id is None:
-        # ended, or its first charge is still unknown (reconciliation will find it)
+    if not subscriptions.is_active(subscription):
         await query.edit_message_text(t(language, "plan_over"))
+        return
+    if subscription.first_charge_id is None:
+        # Telegram names a subscription by its first charge, whose update was lost:
+        # reconciliation finds it within RECONCILE_INTERVAL_SECONDS
+        await query.edit_message_text(t(language, "plan_pending"))
         return
     try:
         await context.bot.edit_user_star_subscription(

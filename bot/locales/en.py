@@ -464,6 +464,10 @@ TEXTS: dict[str, str] = {
     "plan_resumed": "The plan {plan} renews again on {date}.",
     "plan_gone": "That plan is not yours or no longer exists.",
     "plan_over": "That plan has ended; subscribe again under /buy.",
+    "plan_pending": (
+        "This plan's first payment is still being matched with Telegram's records; try "
+        "again in an hour."
+    ),
     "plan_edit_failed": "Telegram refused the change ({error}). Nothing was changed.",
     "payment_plan_started": (
         "✅ Plan {plan} is active: +{tokens} tokens.\n"

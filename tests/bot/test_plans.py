@@ -404,3 +404,29 @@ async def test_a_second_first_charge_for_one_plan_order_is_paid_back(
     assert telegram.last("refundStarPayment")["telegram_payment_charge_id"] == "sub-odd"
     assert "sub-odd" in telegram.last_text_to(operator.id)
     assert available(session, alice) == BASIC_TOKENS
+
+
+async def test_a_renewal_that_comes_before_its_lost_first_charge_waits_for_it_to_cancel(
+    alice: TelegramUser, telegram: FakeTelegram, session: Session
+) -> None:
+    link = await choose_plan(alice, telegram)
+    await alice.pre_checkout(link.payload, link.amount)
+    renews_at = days_ahead(60)
+
+    await alice.paid(link.payload, link.amount, "sub-2", renews_at=renews_at)
+    await alice.tap(f"sub:cancel:{subscription_of(session, alice).id}")
+
+    assert "still being matched" in telegram.last_text_to(alice.id)
+    assert telegram.calls("editUserStarSubscription") == []
+    assert available(session, alice) == BASIC_TOKENS
+
+    # The first charge's update arrives after all: it pays the order and names the plan.
+    await alice.paid(link.payload, link.amount, "sub-1", renews_at=days_ahead(30), first=True)
+    await alice.tap(f"sub:cancel:{subscription_of(session, alice).id}")
+
+    assert available(session, alice) == 2 * BASIC_TOKENS
+    assert telegram.last("editUserStarSubscription")["telegram_payment_charge_id"] == "sub-1"
+    # the earlier period's end does not shorten the one the renewal paid for
+    assert subscription_of(session, alice).expires_at == datetime.fromtimestamp(renews_at, UTC)
+    order = session.get(Order, link.payload)
+    assert order is not None and order.paid_at is not None
