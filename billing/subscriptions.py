@@ -90,14 +90,15 @@ def record_charge(
     expires_at: datetime,
 ) -> None:
     """A charge was credited: the paid period now ends at `expires_at` (never earlier than it
-    did: a late, repeated or reconciled charge cannot shorten it). A renewal means Telegram
-    renews it, so a cancellation recorded in the bot no longer holds."""
+    did: a late or reconciled charge cannot shorten it). A renewal that pays for a later
+    period means Telegram renews the plan, so a cancellation recorded in the bot no longer
+    holds (the buyer resumed it in Telegram)."""
     if first:
         subscription.first_charge_id = charge_id
     if expires_at > subscription.expires_at:
         subscription.expires_at = expires_at
-    if not first:
-        subscription.canceled_at = None
+        if not first:
+            subscription.canceled_at = None
     session.add(subscription)
     session.flush()
 

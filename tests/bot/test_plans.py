@@ -430,3 +430,17 @@ async def test_a_renewal_that_comes_before_its_lost_first_charge_waits_for_it_to
     assert subscription_of(session, alice).expires_at == datetime.fromtimestamp(renews_at, UTC)
     order = session.get(Order, link.payload)
     assert order is not None and order.paid_at is not None
+
+
+async def test_a_renewal_after_a_cancellation_shows_the_plan_renewing_again(
+    alice: TelegramUser, telegram: FakeTelegram, session: Session
+) -> None:
+    link = await subscribe(alice, telegram, "sub-1")
+    await alice.tap(f"sub:cancel:{subscription_of(session, alice).id}")
+
+    # The buyer resumed it in Telegram's own settings: Telegram charges the next period.
+    await alice.paid(link.payload, link.amount, "sub-2", renews_at=days_ahead(60))
+    await alice.send("/plan")
+
+    assert subscription_of(session, alice).canceled_at is None
+    assert "Next renewal:" in telegram.last_text_to(alice.id)
