@@ -69,9 +69,9 @@ DEMO_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-# The demo's context: Claude Code's first request is about 29,000 tokens in its tokenizer, and a
+# The demo's context: Claude Code's first request is about 58,000 tokens in its tokenizer, and a
 # session grows from there (docs/anthropic.md). Its rotary embedding has no learned positions.
-DEMO_CONTEXT = 65536
+DEMO_CONTEXT = 131072
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _WORDS_TEXT = (
     "the a token shop model answer question tokens stream batch engine pays stars "

@@ -5,6 +5,10 @@ written as content blocks, whole or as Anthropic's stream events (`MessageBlocks
 Claude Code opens `system` with a per-request attribution line (`x-anthropic-billing-header:
 ...`); it is left out of the prompt, as vLLM does, so that a session's next request starts from
 the prefix cache instead of prefilling everything after a line that changed.
+
+A NUL character, which the chat path refuses in what a client writes, reads as U+FFFD here: an
+agent sends back what a model wrote and what its tools read (a binary file), and one such
+character must not end its session with a 400.
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ def to_chat(request: CountTokensRequest) -> ChatCompletionRequest:
 
 def _system(system: str | list[ContentBlock] | None) -> str:
     if system is None or isinstance(system, str):
-        return system or ""
+        return _clean(system or "")
     texts = []
     for index, block in enumerate(system):
         if block.type != "text" or block.text is None:
@@ -89,7 +93,7 @@ def _system(system: str | list[ContentBlock] | None) -> str:
                 f"system[{index}]: only text blocks are allowed in 'system'.", f"system[{index}]"
             )
         if not block.text.startswith(ATTRIBUTION_PREFIX):
-            texts.append(block.text)
+            texts.append(_clean(block.text))
     return "\n".join(texts)
 
 
@@ -103,14 +107,14 @@ def _messages(index: int, message: InputMessage) -> list[dict[str, Any]]:
             f"{where}.role: '{message.role}' is not one of 'user', 'assistant'.", f"{where}.role"
         )
     if isinstance(message.content, str):
-        return [{"role": message.role, "content": message.content}]
+        return [{"role": message.role, "content": _clean(message.content)}]
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for part, block in enumerate(message.content):
         at = f"{where}.content[{part}]"
         if block.type == "text" and block.text is not None:
-            texts.append(block.text)
+            texts.append(_clean(block.text))
         elif block.type == "tool_use" and message.role == "assistant":
             calls.append(_call(block, at))
         elif block.type == "tool_result" and message.role == "user":
@@ -160,7 +164,11 @@ def _result(block: ContentBlock, at: str) -> dict[str, Any]:
                 )
             texts.append(inner.text)
         content = "\n".join(texts)
-    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content or ""}
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": _clean(content or "")}
+
+
+def _clean(text: str) -> str:
+    return text.replace("\x00", "\ufffd")
 
 
 def _media(block: ContentBlock, at: str) -> Exception:

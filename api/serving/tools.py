@@ -112,8 +112,11 @@ def _tool_constraint(
     parallel: bool,
 ) -> Constraint | None:
     functions = tool_calls.functions_of(tools)
+    strict = [tool["function"].get("strict") for tool in tools]
     for index, function in enumerate(functions):
-        if function.parameters is not None:
+        # only schemas that will be enforced must compile: a loose function's is not
+        enforced = named == function.name or choice == "required" or strict[index]
+        if function.parameters is not None and enforced:
             _check_schema(function.parameters, f"tools[{index}].function.parameters")
     if named is not None:
         chosen = [f for f in functions if f.name == named]
@@ -122,7 +125,6 @@ def _tool_constraint(
     if choice == "required":
         grammar = tool_calls.call_grammar(fmt, functions, mode="required", parallel=parallel)
         return Constraint(_lark(grammar), "tool_choice")
-    strict = [tool["function"].get("strict") for tool in tools]
     if not any(strict):
         return None  # "auto" without strict functions: calls are parsed, not enforced
     loose = [

@@ -204,7 +204,7 @@ def test_thousands_of_messages_are_refused_past_the_limit(post, server):
     too_many = [{"role": "user", "content": "hi"}] * (limit + 1)
     error = _assert_refused(post({"model": "demo", "messages": too_many}), 400)
     assert error["param"] == "messages"
-    within = [{"role": "user", "content": "hi " * 40}] * limit  # allowed, but past the window
+    within = [{"role": "user", "content": "hi " * 80}] * limit  # allowed, but past the window
     error = _assert_refused(post({"model": "demo", "messages": within}), 400)
     assert error["code"] == "context_length_exceeded"
 
@@ -398,7 +398,7 @@ def test_tens_of_thousands_of_content_parts_are_answered_or_refused_never_a_500(
     response = post({"model": "demo", "messages": [{"role": "user", "content": parts}]})
     if response.status_code != 200:
         _assert_refused(response, 400)
-    too_long = [{"type": "text", "text": "word " * 5}] * 20_000  # past the context window
+    too_long = [{"type": "text", "text": "word " * 8}] * 20_000  # past the context window
     error = _assert_refused(
         post({"model": "demo", "messages": [{"role": "user", "content": too_long}]}), 400
     )

@@ -118,7 +118,7 @@ def test_a_max_tokens_past_the_context_is_cut_to_the_room_not_refused(claude):
     # stopped early by any of the demo's common characters: the point is the 200, not a long wait
     message = claude.messages.create(
         model="demo",
-        max_tokens=100_000,  # past the demo's 65,536
+        max_tokens=200_000,  # past the demo's 131,072
         messages=HELLO,
         stop_sequences=["a", "e", " ", "."],
         timeout=60,

@@ -232,7 +232,7 @@ def test_a_schema_llguidance_cannot_take_is_a_400_naming_the_parameter(
         ({"logit_bias": {"12": 101}}, "logit_bias"),
         ({"logit_bias": {"2048": 1}}, "logit_bias"),  # past the demo's vocabulary
         ({"max_tokens": 10**12}, "max_tokens"),
-        ({"max_completion_tokens": 65536}, "max_completion_tokens"),  # the demo's whole window
+        ({"max_completion_tokens": 131072}, "max_completion_tokens"),  # the demo's whole window
     ],
 )  # fmt: skip
 def test_options_that_cannot_be_honoured_are_refused_by_name(

@@ -35,7 +35,7 @@ def test_models_spec_names_models_by_dir_or_by_prefix() -> None:
 async def test_demo_engine_answers_a_chat_through_the_registry() -> None:
     engines = load_engines("models/demo", EngineConfig(threads=1))
     engine = engines["demo"]
-    assert engine.context_length == 65536
+    assert engine.context_length == 131072
     await engine.start()
     try:
         await engine.check_health()
