@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -264,4 +265,32 @@ def test_with_the_upstreams_own_chat_format_usage_and_ledger_are_its_count(
             usage.prompt_tokens,
             usage.completion_tokens,
             usage.total_tokens,
+        )
+
+
+def test_a_message_through_the_upstream_is_its_text_billed_its_usage(direct, through, engine):
+    """Anthropic's Messages on a model served by an upstream that speaks only chat
+    completions: translated onto the same path, whole and streamed."""
+    own = direct.chat.completions.create(model="tiny", messages=HELLO, max_tokens=16, temperature=0)
+    ask: dict = {"model": "tiny", "max_tokens": 16, "messages": HELLO}
+    greedy = {"temperature": 0}  # the SDK sends no sampling settings; the API takes them
+    base = f"http://127.0.0.1:{through.port}"
+    with anthropic.Anthropic(base_url=base, api_key=through.api_key, max_retries=0) as claude:
+        message = claude.messages.create(**ask, extra_body=greedy)
+        with claude.messages.stream(**ask, extra_body=greedy) as stream:
+            streamed = "".join(stream.text_stream)
+            final = stream.get_final_message()
+    assert message.content[0].text == streamed == own.choices[0].message.content
+    ended = "max_tokens" if own.choices[0].finish_reason == "length" else "end_turn"
+    assert message.stop_reason == final.stop_reason == ended
+    for answer in (message, final):
+        usage = answer.usage
+        entry = booked(engine, "chatcmpl-" + answer.id.removeprefix("msg_"))
+        assert (usage.input_tokens + usage.cache_read_input_tokens, usage.output_tokens) == (
+            own.usage.prompt_tokens,
+            own.usage.completion_tokens,
+        )
+        assert (entry.prompt_tokens, entry.completion_tokens) == (
+            own.usage.prompt_tokens,
+            own.usage.completion_tokens,
         )
