@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from api.engine.protocol import GenerationOutput
 from api.errors import invalid_request, unsupported_parameter
@@ -214,10 +215,17 @@ def tool_use_id() -> str:
 
 
 def event(kind: str, **fields: Any) -> str:
-    data = {"type": kind}
-    for name, value in fields.items():
-        data[name] = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    """One SSE event; pydantic models among `fields` are written as their JSON."""
+    return f"event: {kind}\ndata: {to_json({'type': kind, **fields}).decode()}\n\n"
+
+
+def text_delta(index: int, text: str) -> str:
+    """The event of one token's text, written without building a dict: a stream sends one a
+    token (the chat path's `ChunkEvents.content` does the same for its chunks)."""
+    return (
+        'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+        f'{index},"delta":{{"type":"text_delta","text":{to_json(text).decode()}}}}}\n\n'
+    )
 
 
 PING_EVENT = event("ping")
@@ -234,40 +242,43 @@ class MessageBlocks:
     blocks: list[OutputBlock] = field(default_factory=list)
     finish_reason: str = "length"  # until the engine says it finished
     stop_sequence: str | None = None
-    _open: bool = False
-    _arguments: list[str] = field(default_factory=list)
+    _open: type[TextBlock] | type[ToolUseBlock] | None = None
+    _pieces: list[str] = field(default_factory=list)  # the open block's text or arguments
 
     def feed(self, output: GenerationOutput) -> list[str]:
         """Events for one engine output: its text, its calls (parsed, or an upstream's own)."""
-        if self.calls is None:
+        if output.finished:
+            self.finish_reason = output.finish_reason or "stop"
+            self.stop_sequence = output.stop_sequence
+        if self.calls is None and not output.tool_calls:  # plain text: one event a token
+            if not output.text:
+                return []
+            if self._open is TextBlock:
+                self._pieces.append(output.text)
+                return [text_delta(len(self.blocks) - 1, output.text)]
             content, deltas = output.text, list[DeltaToolCall]()
+        elif self.calls is None:
+            content, deltas = output.text, delta_calls(output.tool_calls)
         else:
             content, deltas = self.calls.feed(output.text, finished=output.finished)
-        deltas += delta_calls(output.tool_calls)
+            deltas += delta_calls(output.tool_calls)
         events = []
         if content:
-            last = self.blocks[-1] if self._open else None
-            if not isinstance(last, TextBlock):
+            if self._open is not TextBlock:
                 events += self._stop()
                 events += self._start(TextBlock(text=""))
-                last = self.blocks[-1]
-            assert isinstance(last, TextBlock)
-            last.text += content
-            delta = {"type": "text_delta", "text": content}
-            events.append(event("content_block_delta", index=len(self.blocks) - 1, delta=delta))
+            self._pieces.append(content)
+            events.append(text_delta(len(self.blocks) - 1, content))
         for call in deltas:
             if call.id is not None:  # a call starts
                 events += self._stop()
                 name = call.function.name if call.function and call.function.name else ""
                 events += self._start(ToolUseBlock(id=tool_use_id(), name=name, input={}))
             arguments = call.function.arguments if call.function else None
-            if arguments and self._open and isinstance(self.blocks[-1], ToolUseBlock):
-                self._arguments.append(arguments)
+            if arguments and self._open is ToolUseBlock:
+                self._pieces.append(arguments)
                 delta = {"type": "input_json_delta", "partial_json": arguments}
                 events.append(event("content_block_delta", index=len(self.blocks) - 1, delta=delta))
-        if output.finished:
-            self.finish_reason = output.finish_reason or "stop"
-            self.stop_sequence = output.stop_sequence
         return events
 
     def finish(self) -> list[str]:
@@ -286,16 +297,19 @@ class MessageBlocks:
 
     def _start(self, block: OutputBlock) -> list[str]:
         self.blocks.append(block)
-        self._open, self._arguments = True, []
+        self._open, self._pieces = type(block), []
         return [event("content_block_start", index=len(self.blocks) - 1, content_block=block)]
 
     def _stop(self) -> list[str]:
-        if not self._open:
+        """Close the open block: its text, or its arguments read as its `input`."""
+        if self._open is None:
             return []
         block = self.blocks[-1]
         if isinstance(block, ToolUseBlock):
-            block.input = _input(self._arguments)
-        self._open, self._arguments = False, []
+            block.input = _input(self._pieces)
+        else:
+            block.text = "".join(self._pieces)
+        self._open, self._pieces = None, []
         return [event("content_block_stop", index=len(self.blocks) - 1)]
 
 

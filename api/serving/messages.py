@@ -110,8 +110,8 @@ class MessagesService:
                 else:
                     output: GenerationOutput = item[1]
                     pieces = blocks.feed(output)
-                    if pieces:
-                        yield "".join(pieces)
+                    if pieces:  # what one output makes goes out in one write
+                        yield pieces[0] if len(pieces) == 1 else "".join(pieces)
                 try:
                     item = await anext(outputs)
                 except StopAsyncIteration:
