@@ -144,6 +144,7 @@ class Books:
                 owner=self.owner,
                 key_id=key_id,
                 now=self.clock() if self.clock is not None else None,
+                account_locked=True,  # the batch locked `accounts` first
             ),
             accounts=(account_id,),
             durable=False,

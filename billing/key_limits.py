@@ -463,11 +463,17 @@ def room(
     min_tokens: int,
     max_tokens: int,
     now: datetime,
+    account_locked: bool = False,
 ) -> Room | None:
     """What the key lets this hold reserve, or its refusal (KeyExpired, ModelNotAllowed,
     KeyRateLimited, KeyLimitReached); None for a key without limits' row. Read under the
-    account's lock, which every writer of the row takes first."""
-    lock_accounts(session, [account_id])
+    account's row lock, which every writer of the row takes first (`account_locked`: the caller
+    took it already, as group commit does for its batch)."""
+    if not account_locked:
+        # Its own statement: a SELECT ... FOR UPDATE OF account joined to the key's row would
+        # wait for the lock, then return the key's row as it was before the wait (PostgreSQL
+        # re-reads only the rows it locks), and `take` would find it changed.
+        lock_accounts(session, [account_id])
     row = session.connection().execute(_ROW_OF_KEY, {"key_id": key_id}).one_or_none()
     if row is None:
         return None

@@ -155,6 +155,7 @@ def hold(
     owner: str | None = None,
     key_id: int | None = None,
     now: datetime | None = None,
+    account_locked: bool = False,
 ) -> Hold:
     """Reserve `min(available, max_tokens)` tokens, or raise InsufficientBalance below `min_tokens`,
     or TooManyRequests when the account already has `limit` holds open.
@@ -164,6 +165,7 @@ def hold(
     usage is that key's): its own limits (`billing.key_limits`) may refuse the hold or make it
     smaller, and the hold is reserved from them too. `now` is the clock the key's periods and
     minutes are counted by (the database's by default); expiries always use the database's.
+    `account_locked`: the caller already holds the account's row lock (group commit's batch).
     """
     if min_tokens <= 0 or max_tokens < min_tokens:
         raise InvalidAmount(f"Bad hold bounds {min_tokens}..{max_tokens}.")
@@ -179,6 +181,7 @@ def hold(
             min_tokens=min_tokens,
             max_tokens=max_tokens,
             now=now or db_now(session),
+            account_locked=account_locked,
         )
         if room is not None:
             max_tokens = room.most
