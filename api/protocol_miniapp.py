@@ -60,6 +60,21 @@ class UsageOut(BaseModel):
     models: list[ModelSeries]
 
 
+class KeyLimitsOut(BaseModel):
+    """A key's own limits (billing.key_limits) and where it stands; None: that limit is off."""
+
+    spend: int | None  # tokens per period
+    period: str  # daily, weekly, monthly or total
+    spent: int  # billed this period
+    held: int  # reserved by the key's running requests
+    remaining: int | None
+    resets_at: datetime | None
+    expires_at: datetime | None
+    models: list[str]  # empty: every model
+    rpm: int | None
+    tpm: int | None
+
+
 class KeyOut(BaseModel):
     id: int
     name: str
@@ -67,6 +82,14 @@ class KeyOut(BaseModel):
     created_at: datetime
     requests: int
     charged: int
+    limits: KeyLimitsOut | None = None  # None: a key from before limits existed
+
+
+class LimitsText(BaseModel):
+    """Limits written as the bot takes them: `spend 5000 daily; rpm 60; models demo; expires
+    2027-01-31`, `<limit> off`, `clear`."""
+
+    text: str = Field(min_length=1, max_length=2048)
 
 
 class KeyIssued(BaseModel):

@@ -17,6 +17,7 @@ from api.protocol_miniapp import (
     KeyIssued,
     KeyName,
     KeyOut,
+    LimitsText,
     Me,
     OperatorOut,
     SessionOut,
@@ -77,6 +78,14 @@ async def create_key(body: KeyName, user: AppUserDep, miniapp: MiniAppDep) -> Ke
 @router.patch("/keys/{key_id}", response_model=KeyOut)
 async def rename_key(key_id: int, body: KeyName, user: AppUserDep, miniapp: MiniAppDep) -> KeyOut:
     return await miniapp.rename_key(user, key_id, body.name)
+
+
+@router.put("/keys/{key_id}/limits", response_model=KeyOut)
+async def set_limits(
+    key_id: int, body: LimitsText, user: AppUserDep, miniapp: MiniAppDep
+) -> KeyOut:
+    """The key's limits, written as the bot takes them (`spend 5000 daily; rpm 60`)."""
+    return await miniapp.set_limits(user, key_id, body.text)
 
 
 @router.post("/keys/{key_id}/rotate", response_model=KeyIssued)

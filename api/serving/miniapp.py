@@ -30,6 +30,7 @@ from api.protocol_miniapp import (
     BuyersDayOut,
     HoldsOut,
     KeyIssued,
+    KeyLimitsOut,
     KeyOut,
     Me,
     ModelSeries,
@@ -49,10 +50,11 @@ from api.protocol_miniapp import (
     WaitingOut,
 )
 from api.settings import ApiSettings
-from billing import accounts, keys, ledger, reports, stats, stray_charges, support
+from billing import accounts, key_limits, keys, ledger, reports, stats, stray_charges, support
 from billing.db import reading, session_scope
 from billing.errors import TermsNotAccepted
-from billing.models import ApiKey, Order, SupportMessage
+from billing.key_limits import KeyReport
+from billing.models import ApiKey, Order, SupportMessage, utcnow
 from billing.packs import Pack, find_pack
 from billing.plans import find_plan
 from billing.purchases import create_order
@@ -197,18 +199,38 @@ class MiniApp:
 
     async def keys(self, user: AppUser) -> list[KeyOut]:
         def work(session: Session) -> list[KeyOut]:
-            live = keys.live_keys(session=session, account_id=user.account_id)
-            used = stats.usage_by_key(session=session, account_id=user.account_id)
-            return [_key_out(row, used.get(row.id)) for row in live]
+            return _keys_out(session, user.account_id)
 
         return await self._read(work)
+
+    async def set_limits(self, user: AppUser, key_id: int, text: str) -> KeyOut:
+        """Change a key's limits from the words the bot takes (billing.key_limits.parse);
+        raises InvalidLimits with what was not understood, KeyNotFound for no live key."""
+
+        def work(session: Session) -> KeyOut:
+            clear, changes = key_limits.parse(text)
+            key_limits.set_limits(
+                session=session,
+                account_id=user.account_id,
+                key_id=key_id,
+                clear=clear,
+                changes=changes,
+                now=utcnow(),
+            )
+            return next(k for k in _keys_out(session, user.account_id) if k.id == key_id)
+
+        return await self._write(work)
 
     async def create_key(self, user: AppUser, name: str) -> KeyIssued:
         def work(session: Session) -> KeyIssued:
             row, key = keys.create_key(
-                session=session, account_id=user.account_id, secret_key=self.secret_key, name=name
+                session=session,
+                account_id=user.account_id,
+                secret_key=self.secret_key,
+                name=name,
+                defaults=self.settings.key_defaults(),  # the operator's limits for new keys
             )
-            return KeyIssued(key=_key_out(row, None), secret=key)
+            return KeyIssued(key=_key_out(row, None, _report(session, row)), secret=key)
 
         return await self._write(work)
 
@@ -218,7 +240,7 @@ class MiniApp:
                 session=session, account_id=user.account_id, key_id=key_id, name=name
             )
             used = stats.usage_by_key(session=session, account_id=user.account_id)
-            return _key_out(row, used.get(row.id))
+            return _key_out(row, used.get(row.id), _report(session, row))
 
         return await self._write(work)
 
@@ -232,7 +254,7 @@ class MiniApp:
             )
             digest = keys.hash_key(key)
             row = session.exec(select(ApiKey).where(col(ApiKey.key_hash) == digest)).one()
-            return KeyIssued(key=_key_out(row, None), secret=key)
+            return KeyIssued(key=_key_out(row, None, _report(session, row)), secret=key)
 
         return await self._write(work)
 
@@ -429,8 +451,38 @@ def _series(window: list[str], rows: list[UsageRow]) -> UsageOut:
     return UsageOut(days=window, models=sorted(by_model.values(), key=lambda s: s.model))
 
 
-def _key_out(row: ApiKey, usage: stats.KeyUsage | None) -> KeyOut:
+def _keys_out(session: Session, account_id: int) -> list[KeyOut]:
+    """The account's live keys, oldest first, each with its usage and limits."""
+    live = keys.live_keys(session=session, account_id=account_id)
+    used = stats.usage_by_key(session=session, account_id=account_id)
+    reports = {
+        key.id: report
+        for key, report in key_limits.reports(session=session, account_id=account_id, now=utcnow())
+    }
+    return [_key_out(row, used.get(row.id), reports.get(row.id)) for row in live]
+
+
+def _report(session: Session, row: ApiKey) -> KeyReport | None:
     assert row.id is not None
+    return key_limits.report(session=session, key_id=row.id, now=utcnow())
+
+
+def _key_out(row: ApiKey, usage: stats.KeyUsage | None, report: KeyReport | None) -> KeyOut:
+    assert row.id is not None
+    limits = None
+    if report is not None:
+        limits = KeyLimitsOut(
+            spend=report.limits.spend,
+            period=report.limits.period,
+            spent=report.spent,
+            held=report.held,
+            remaining=report.remaining,
+            resets_at=report.resets_at if report.limits.spend is not None else None,
+            expires_at=report.limits.expires_at,
+            models=list(report.limits.models),
+            rpm=report.limits.rpm,
+            tpm=report.limits.tpm,
+        )
     return KeyOut(
         id=row.id,
         name=row.name,
@@ -438,6 +490,7 @@ def _key_out(row: ApiKey, usage: stats.KeyUsage | None) -> KeyOut:
         created_at=row.created_at,
         requests=usage.requests if usage else 0,
         charged=usage.charged if usage else 0,
+        limits=limits,
     )
 
 

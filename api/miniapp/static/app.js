@@ -193,16 +193,67 @@
       item.dataset.keyId = key.id;
       item.innerHTML = `<div class="title"></div><code class="masked"></code>
         <div class="hint usage"></div>
+        <div class="hint limits"></div>
         <div class="actions">
           <button data-action="rename">Rename</button>
+          <button data-action="limits">Limits</button>
           <button data-action="rotate">Rotate</button>
           <button data-action="revoke" class="danger">Revoke</button>
         </div>`;
       $(".title", item).textContent = key.name;
       $(".masked", item).textContent = key.masked;
       $(".usage", item).textContent = `${number.format(key.requests)} requests · ${number.format(key.charged)} tokens`;
+      $(".limits", item).textContent = describeLimits(key.limits);
+      item.dataset.limits = limitsInWords(key.limits);
       list.appendChild(item);
     }
+  }
+
+  const periods = { daily: "today", weekly: "this week", monthly: "this month" };
+
+  function describeLimits(limits) {
+    const parts = [];
+    if (limits && limits.spend !== null) {
+      const spent = `${number.format(limits.spent)} of ${number.format(limits.spend)} tokens`;
+      parts.push(limits.period === "total" ? spent
+        : `${spent} ${periods[limits.period]} (resets ${limits.resets_at.slice(0, 16).replace("T", " ")} UTC)`);
+    }
+    if (limits && limits.expires_at) parts.push(`expires ${limits.expires_at.slice(0, 10)}`);
+    if (limits && limits.models.length) parts.push(`models ${limits.models.join(", ")}`);
+    if (limits && limits.rpm !== null) parts.push(`${number.format(limits.rpm)} requests/min`);
+    if (limits && limits.tpm !== null) parts.push(`${number.format(limits.tpm)} tokens/min`);
+    return parts.length ? `Limits: ${parts.join("; ")}` : "No limits";
+  }
+
+  function limitsInWords(limits) { // as the bot and the API read them back
+    if (!limits) return "";
+    const words = [];
+    if (limits.spend !== null) words.push(`spend ${limits.spend} ${limits.period}`);
+    if (limits.rpm !== null) words.push(`rpm ${limits.rpm}`);
+    if (limits.tpm !== null) words.push(`tpm ${limits.tpm}`);
+    if (limits.models.length) words.push(`models ${limits.models.join(",")}`);
+    if (limits.expires_at) words.push(`expires ${limits.expires_at.slice(0, 10)}`);
+    return words.join("; ");
+  }
+
+  function inlineForm(item, { value, label, placeholder, maxLength, save }) {
+    const input = document.createElement("input");
+    input.value = value;
+    input.maxLength = maxLength;
+    input.placeholder = placeholder || "";
+    input.setAttribute("aria-label", label);
+    const form = document.createElement("form");
+    form.className = "row";
+    form.append(input, Object.assign(document.createElement("button"), { type: "submit", className: "primary", textContent: "Save" }));
+    form.addEventListener("submit", (submitted) => {
+      submitted.preventDefault();
+      guarded(async () => {
+        await save(input.value);
+        await loadKeys();
+      });
+    });
+    $(".actions", item).replaceWith(form);
+    input.focus();
   }
 
   function showSecret(issued) {
@@ -225,27 +276,24 @@
     const name = $(".title", item).textContent;
     const action = button.dataset.action;
     if (action === "rename") {
-      const input = document.createElement("input");
-      input.value = name;
-      input.maxLength = 64;
-      input.setAttribute("aria-label", "New name");
-      const form = document.createElement("form");
-      form.className = "row";
-      form.append(input, Object.assign(document.createElement("button"), { type: "submit", className: "primary", textContent: "Save" }));
-      form.addEventListener("submit", (submitted) => {
-        submitted.preventDefault();
-        guarded(async () => {
-          await call("PATCH", `keys/${id}`, { name: input.value });
-          await loadKeys();
-        });
+      inlineForm(item, {
+        value: name, label: "New name", maxLength: 64,
+        save: (value) => call("PATCH", `keys/${id}`, { name: value }),
       });
-      $(".actions", item).replaceWith(form);
-      input.focus();
+      return;
+    }
+    if (action === "limits") {
+      inlineForm(item, {
+        value: item.dataset.limits, label: "Limits", maxLength: 2048,
+        placeholder: "spend 5000 daily; rpm 60; models demo; expires 2027-01-31",
+        save: (value) => call("PUT", `keys/${id}/limits`, { text: value.trim() || "clear" }),
+      });
       return;
     }
     if (action === "rotate" && await confirm(`Rotate “${name}”? The key stops working at once and a new one replaces it.`)) {
-      showSecret(await call("POST", `keys/${id}/rotate`));
-      await loadKeys();
+      const issued = await call("POST", `keys/${id}/rotate`);
+      await loadKeys(); // the list first, so the new key never sits beside the old one's card
+      showSecret(issued);
     }
     if (action === "revoke" && await confirm(`Revoke “${name}”? It stops working at once.`)) {
       await call("DELETE", `keys/${id}`);
@@ -380,9 +428,10 @@
       event.preventDefault();
       const name = event.target.elements.name.value.trim() || "default";
       guarded(async () => {
-        showSecret(await call("POST", "keys", { name }));
+        const issued = await call("POST", "keys", { name });
         event.target.reset();
         await loadKeys();
+        showSecret(issued);
       });
     });
     $("#copy-secret").addEventListener("click", () => {

@@ -60,7 +60,7 @@ def test_every_route_refuses_bad_init_data_with_401(app_server: LiveServer, cred
             if path == "/app/api/session":  # initData comes in the body here
                 init_data = headers.pop("Authorization", "tma ").removeprefix("tma ")
                 body = {"init_data": init_data}
-            elif method in ("POST", "PATCH"):
+            elif method in ("POST", "PATCH", "PUT"):
                 body = {"name": "x", "pack_id": "starter", "text": "hello"}
             answer = http.request(method, path, headers=headers, json=body)
             assert answer.status_code == 401, (method, path, answer.text)

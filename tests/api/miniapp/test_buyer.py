@@ -120,6 +120,34 @@ def test_keys_are_created_renamed_rotated_and_revoked(app_client, engine, sessio
     assert gone.status_code == 400 and "live key" in gone.json()["error"]["message"]
 
 
+def test_a_keys_limits_are_set_in_the_bots_words_and_shown_with_its_spend(app_client, engine):
+    alice = app_client(ALICE)
+    account_id = open_account(alice, engine, tokens=10_000)
+    key = alice.ok("POST", "/keys", json={"name": "ci"})["key"]
+    assert key["limits"]["spend"] is None and key["limits"]["rpm"] is None
+
+    changed = alice.ok(
+        "PUT", f"/keys/{key['id']}/limits", json={"text": "spend 5000 daily; rpm 60; models demo"}
+    )
+    limits = changed["limits"]
+    assert (limits["spend"], limits["period"], limits["rpm"], limits["models"]) == (
+        5000,
+        "daily",
+        60,
+        ["demo"],
+    )
+    assert limits["remaining"] == 5000 and limits["resets_at"].startswith(
+        f"{utcnow() + timedelta(days=1):%Y-%m-%d}"
+    )
+    assert alice.ok("GET", "/keys")[0]["limits"] == limits
+
+    wrong = alice("PUT", f"/keys/{key['id']}/limits", json={"text": "spend lots"})
+    assert wrong.status_code == 400 and "spend 500 daily" in wrong.json()["error"]["message"]
+    cleared = alice.ok("PUT", f"/keys/{key['id']}/limits", json={"text": "clear"})
+    assert cleared["limits"]["spend"] is None and cleared["limits"]["models"] == []
+    assert account_id
+
+
 def test_another_buyers_key_cannot_be_touched(app_client, engine):
     alice, boris = app_client(ALICE), app_client(100_002, "Boris")
     open_account(alice, engine)
@@ -128,6 +156,7 @@ def test_another_buyers_key_cannot_be_touched(app_client, engine):
     assert boris("POST", f"/keys/{key_id}/rotate").status_code == 400
     assert boris("PATCH", f"/keys/{key_id}", json={"name": "stolen"}).status_code == 400
     assert boris("DELETE", f"/keys/{key_id}").status_code == 400
+    assert boris("PUT", f"/keys/{key_id}/limits", json={"text": "rpm 1"}).status_code == 400
     assert [k["name"] for k in alice.ok("GET", "/keys")] == ["mine"]
 
 

@@ -116,7 +116,7 @@ async def test_a_buyer_sees_usage_manages_keys_and_buys_a_pack(
     await page.click('#tabs [data-page="keys"]')
     await page.fill("#new-key input[name=name]", "laptop")
     await page.click("#new-key button[type=submit]")
-    await page.wait_for_selector("#key-list li[data-key-id]")
+    await page.wait_for_selector("#new-secret:not([hidden])")
     first = await text(page, "#new-secret-value")
     assert first.startswith("sk-tks-")
     assert await text(page, "#key-list .title") == "laptop"
@@ -131,6 +131,16 @@ async def test_a_buyer_sees_usage_manages_keys_and_buys_a_pack(
     popups = await posted_events(page, "web_app_open_popup")
     assert len(popups) == 1 and "Rotate “laptop”" in popups[0]["message"]
     assert await text(page, "#key-list .masked") == f"sk-tks-…{rotated[-4:]}"
+    assert await text(page, "#key-list .limits") == "No limits"
+    await page.click('#key-list [data-action="limits"]')
+    await page.fill('#key-list input[aria-label="Limits"]', "spend 5000 daily; rpm 60")
+    await page.click("#key-list button[type=submit]")
+    await page.wait_for_function(
+        "document.querySelector('#key-list .limits').textContent !== 'No limits'"
+    )
+    shown = await text(page, "#key-list .limits")
+    assert shown.startswith("Limits: 0 of 5,000 tokens today (resets ")
+    assert shown.endswith("; 60 requests/min")
 
     # Buying: terms first; a pack's tap opens the invoice link the server made.
     await page.click('#tabs [data-page="buy"]')
