@@ -9,7 +9,109 @@
   const charts = {};
   window.tokenshop = { state, charts }; // for a look from the browser's console (and tests)
   const palette = ["#3390ec", "#f5a623", "#2ecc71", "#e74c3c", "#9b59b6", "#1abc9c", "#e67e22", "#7f8c8d"];
-  const number = new Intl.NumberFormat("en-US");
+  let number = new Intl.NumberFormat("en-US");
+  let lang = "en";
+
+  // Texts: English is the page's own (index.html and here); Russian as the bot speaks it.
+  const TEXTS = {
+    en: {
+      open_from_telegram: "Open this page from the bot's menu in Telegram.",
+      sign_in_failed: "Sign-in failed.",
+      export_failed: "The export failed; try again.",
+      no_key: "No key yet: make one below, or buy a pack and the bot makes one.",
+      key_usage: "{requests} requests · {tokens} tokens",
+      no_limits: "No limits",
+      limits: "Limits: {list}",
+      spend_total: "{spent} of {spend} tokens",
+      spend_period: "{spent} of {spend} tokens {period} (resets {at} UTC)",
+      daily: "today", weekly: "this week", monthly: "this month",
+      expires: "expires {date}",
+      models: "models {list}",
+      rpm: "{n} requests/min",
+      tpm: "{n} tokens/min",
+      rename: "Rename", limits_button: "Limits", rotate: "Rotate", revoke: "Revoke", save: "Save",
+      new_name: "New name",
+      rotate_confirm: "Rotate “{name}”? The key stops working at once and a new one replaces it.",
+      revoke_confirm: "Revoke “{name}”? It stops working at once.",
+      pack_tokens: "{tokens} tokens",
+      plan_tokens: "{tokens} tokens every {days} days, until you cancel (/plan in the bot)",
+      per_month: "{price} ⭐/month",
+      payment_failed: "The payment did not go through.",
+      crediting: "Payment received: crediting your tokens…",
+      credited: "Credited: +{tokens} tokens.",
+      credit_later: "The payment is being credited; the bot will confirm it in the chat.",
+      copied: "Copied.",
+      support_sent: "Sent: an operator will answer here and in the chat.",
+      support_saved: "Saved; the operators will see it.",
+      prompt: "prompt", completion: "completion", day: "Day",
+    },
+    ru: {
+      tab_balance: "Баланс", tab_usage: "Расход", tab_keys: "Ключи", tab_buy: "Купить",
+      tab_support: "Поддержка", tab_operator: "Оператор",
+      available: "Доступно", tokens: "токенов", held: "Заняты запросами", purchased: "Куплено",
+      granted: "Подарено", used: "Израсходовано", refunded: "Возвращено", buy_tokens: "Купить токены",
+      days_7: "7 дней", days_30: "30 дней", days_90: "90 дней",
+      day: "День", model: "Модель", prompt: "запрос", completion: "ответ", billed: "Списано",
+      usage_empty: "За это время запросов не было.", download_csv: "Скачать CSV",
+      new_secret: "Ваш новый ключ: скопируйте его сейчас, здесь он показан один раз",
+      copy: "Копировать", new_key_name: "Название нового ключа", new_key: "Новый ключ",
+      terms_prompt: "Перед покупкой прочитайте условия (отправьте боту <b>/terms</b>) и примите их.",
+      accept_terms: "Принимаю условия",
+      stars_hint: "Оплата в Telegram Stars; токены зачисляются, как только Telegram подтвердит платёж.",
+      thread_empty: "Напишите нам: оператор ответит здесь и в чате с ботом.",
+      your_message: "Ваше сообщение", send: "Отправить",
+      open_from_telegram: "Откройте эту страницу из меню бота в Telegram.",
+      sign_in_failed: "Не удалось войти.",
+      export_failed: "Не удалось выгрузить; попробуйте ещё раз.",
+      no_key: "Ключей пока нет: создайте ключ ниже или купите пакет, и бот выдаст ключ.",
+      key_usage: "{requests} запросов · {tokens} токенов",
+      no_limits: "Без ограничений",
+      limits: "Ограничения: {list}",
+      spend_total: "{spent} из {spend} токенов",
+      spend_period: "{spent} из {spend} токенов {period} (сброс {at} UTC)",
+      daily: "сегодня", weekly: "на этой неделе", monthly: "в этом месяце",
+      expires: "действует до {date}",
+      models: "модели {list}",
+      rpm: "{n} запросов/мин",
+      tpm: "{n} токенов/мин",
+      rename: "Переименовать", limits_button: "Ограничения", rotate: "Заменить", revoke: "Отозвать",
+      save: "Сохранить", new_name: "Новое название",
+      rotate_confirm: "Заменить «{name}»? Ключ сразу перестанет работать, его заменит новый.",
+      revoke_confirm: "Отозвать «{name}»? Ключ сразу перестанет работать.",
+      pack_tokens: "{tokens} токенов",
+      plan_tokens: "{tokens} токенов каждые {days} дней, пока не отмените (/plan в боте)",
+      per_month: "{price} ⭐/мес.",
+      payment_failed: "Платёж не прошёл.",
+      crediting: "Платёж получен: зачисляем токены…",
+      credited: "Зачислено: +{tokens} токенов.",
+      credit_later: "Платёж зачисляется; бот подтвердит его в чате.",
+      copied: "Скопировано.",
+      support_sent: "Отправлено: оператор ответит здесь и в чате.",
+      support_saved: "Сохранено; операторы увидят сообщение.",
+    },
+  };
+
+  function t(id, values = {}) {
+    const template = (TEXTS[lang] && TEXTS[lang][id]) || TEXTS.en[id] || id;
+    return template.replace(/\{(\w+)\}/g, (_, name) => String(values[name]));
+  }
+
+  function localize(code) {
+    lang = code && code.toLowerCase().startsWith("ru") ? "ru" : "en";
+    number = new Intl.NumberFormat(lang === "ru" ? "ru-RU" : "en-US");
+    document.documentElement.lang = lang;
+    if (lang === "en") return; // the page is written in English
+    for (const element of document.querySelectorAll("[data-t]")) {
+      const text = TEXTS[lang][element.dataset.t];
+      if (!text) continue;
+      if (element.hasAttribute("data-t-html")) element.innerHTML = text; // our own markup only
+      else element.textContent = text;
+    }
+    for (const element of document.querySelectorAll("[data-t-placeholder]")) {
+      const text = TEXTS[lang][element.dataset.tPlaceholder];
+      if (text) { element.placeholder = text; element.setAttribute("aria-label", text); }
+    }
+  }
   const $ = (selector, root = document) => root.querySelector(selector);
 
   // ---- Talking to the server.
@@ -19,14 +121,14 @@
 
   async function signIn() {
     const initData = tg ? tg.initData : "";
-    if (!initData) throw new ApiError(401, "Open this page from the bot's menu in Telegram.");
+    if (!initData) throw new ApiError(401, t("open_from_telegram"));
     const answer = await fetch("api/session", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ init_data: initData }),
     });
     const body = await answer.json();
-    if (!answer.ok) throw new ApiError(answer.status, body.error ? body.error.message : "Sign-in failed.");
+    if (!answer.ok) throw new ApiError(answer.status, body.error ? body.error.message : t("sign_in_failed"));
     state.token = body.token;
     state.me = body.me;
   }
@@ -109,7 +211,7 @@
       width: Math.max(element.clientWidth, 280),
       height: 220,
       scales: { x: { time: true } },
-      series: [{ label: "Day", value: (_, stamp) => stamp == null ? "—" : new Date(stamp * 1000).toISOString().slice(0, 10) }]
+      series: [{ label: t("day"), value: (_, stamp) => stamp == null ? "—" : new Date(stamp * 1000).toISOString().slice(0, 10) }]
         .concat(series.map((item, n) => ({
           label: item.label,
           stroke: palette[n % palette.length],
@@ -131,8 +233,8 @@
 
   function usageSeries(usage) {
     return usage.models.flatMap((model) => [
-      { label: `${model.model} prompt`, values: model.prompt },
-      { label: `${model.model} completion`, values: model.completion, dash: [6, 4] },
+      { label: `${model.model} ${t("prompt")}`, values: model.prompt },
+      { label: `${model.model} ${t("completion")}`, values: model.completion, dash: [6, 4] },
     ]);
   }
 
@@ -169,7 +271,7 @@
   async function downloadCsv() {
     if (!state.token) await signIn();
     const answer = await fetch("api/usage.csv", { headers: { Authorization: `Bearer ${state.token}` } });
-    if (!answer.ok) throw new ApiError(answer.status, "The export failed; try again.");
+    if (!answer.ok) throw new ApiError(answer.status, t("export_failed"));
     const link = document.createElement("a");
     link.href = URL.createObjectURL(await answer.blob());
     link.download = "tokenshop-usage.csv";
@@ -185,7 +287,7 @@
     list.textContent = "";
     if (!keys.length) {
       const empty = document.createElement("li");
-      empty.textContent = "No key yet: make one below, or buy a pack and the bot makes one.";
+      empty.textContent = t("no_key");
       list.appendChild(empty);
     }
     for (const key of keys) {
@@ -195,34 +297,35 @@
         <div class="hint usage"></div>
         <div class="hint limits"></div>
         <div class="actions">
-          <button data-action="rename">Rename</button>
-          <button data-action="limits">Limits</button>
-          <button data-action="rotate">Rotate</button>
-          <button data-action="revoke" class="danger">Revoke</button>
+          <button data-action="rename"></button>
+          <button data-action="limits"></button>
+          <button data-action="rotate"></button>
+          <button data-action="revoke" class="danger"></button>
         </div>`;
       $(".title", item).textContent = key.name;
       $(".masked", item).textContent = key.masked;
-      $(".usage", item).textContent = `${number.format(key.requests)} requests · ${number.format(key.charged)} tokens`;
+      for (const action of ["rename", "rotate", "revoke"]) $(`[data-action="${action}"]`, item).textContent = t(action);
+      $('[data-action="limits"]', item).textContent = t("limits_button");
+      $(".usage", item).textContent = t("key_usage", { requests: number.format(key.requests), tokens: number.format(key.charged) });
       $(".limits", item).textContent = describeLimits(key.limits);
       item.dataset.limits = limitsInWords(key.limits);
       list.appendChild(item);
     }
   }
 
-  const periods = { daily: "today", weekly: "this week", monthly: "this month" };
-
   function describeLimits(limits) {
     const parts = [];
     if (limits && limits.spend !== null) {
-      const spent = `${number.format(limits.spent)} of ${number.format(limits.spend)} tokens`;
-      parts.push(limits.period === "total" ? spent
-        : `${spent} ${periods[limits.period]} (resets ${limits.resets_at.slice(0, 16).replace("T", " ")} UTC)`);
+      const figures = { spent: number.format(limits.spent), spend: number.format(limits.spend) };
+      parts.push(limits.period === "total" ? t("spend_total", figures) : t("spend_period", {
+        ...figures, period: t(limits.period), at: limits.resets_at.slice(0, 16).replace("T", " "),
+      }));
     }
-    if (limits && limits.expires_at) parts.push(`expires ${limits.expires_at.slice(0, 10)}`);
-    if (limits && limits.models.length) parts.push(`models ${limits.models.join(", ")}`);
-    if (limits && limits.rpm !== null) parts.push(`${number.format(limits.rpm)} requests/min`);
-    if (limits && limits.tpm !== null) parts.push(`${number.format(limits.tpm)} tokens/min`);
-    return parts.length ? `Limits: ${parts.join("; ")}` : "No limits";
+    if (limits && limits.expires_at) parts.push(t("expires", { date: limits.expires_at.slice(0, 10) }));
+    if (limits && limits.models.length) parts.push(t("models", { list: limits.models.join(", ") }));
+    if (limits && limits.rpm !== null) parts.push(t("rpm", { n: number.format(limits.rpm) }));
+    if (limits && limits.tpm !== null) parts.push(t("tpm", { n: number.format(limits.tpm) }));
+    return parts.length ? t("limits", { list: parts.join("; ") }) : t("no_limits");
   }
 
   function limitsInWords(limits) { // as the bot and the API read them back
@@ -244,7 +347,7 @@
     input.setAttribute("aria-label", label);
     const form = document.createElement("form");
     form.className = "row";
-    form.append(input, Object.assign(document.createElement("button"), { type: "submit", className: "primary", textContent: "Save" }));
+    form.append(input, Object.assign(document.createElement("button"), { type: "submit", className: "primary", textContent: t("save") }));
     form.addEventListener("submit", (submitted) => {
       submitted.preventDefault();
       guarded(async () => {
@@ -277,7 +380,7 @@
     const action = button.dataset.action;
     if (action === "rename") {
       inlineForm(item, {
-        value: name, label: "New name", maxLength: 64,
+        value: name, label: t("new_name"), maxLength: 64,
         save: (value) => call("PATCH", `keys/${id}`, { name: value }),
       });
       return;
@@ -290,12 +393,12 @@
       });
       return;
     }
-    if (action === "rotate" && await confirm(`Rotate “${name}”? The key stops working at once and a new one replaces it.`)) {
+    if (action === "rotate" && await confirm(t("rotate_confirm", { name }))) {
       const issued = await call("POST", `keys/${id}/rotate`);
       await loadKeys(); // the list first, so the new key never sits beside the old one's card
       showSecret(issued);
     }
-    if (action === "revoke" && await confirm(`Revoke “${name}”? It stops working at once.`)) {
+    if (action === "revoke" && await confirm(t("revoke_confirm", { name }))) {
       await call("DELETE", `keys/${id}`);
       await loadKeys();
     }
@@ -307,11 +410,11 @@
     $("#terms").hidden = shop.terms_accepted;
     const list = $("#packs");
     list.textContent = "";
-    const items = shop.packs.map((pack) => ({ ...pack, kind: "pack", hint: `${number.format(pack.tokens)} tokens`, price: `${pack.price} ⭐` }))
+    const items = shop.packs.map((pack) => ({ ...pack, kind: "pack", hint: t("pack_tokens", { tokens: number.format(pack.tokens) }), price: `${pack.price} ⭐` }))
       .concat((shop.plans || []).map((plan) => ({
         ...plan, kind: "plan", title: `🔁 ${plan.title}`,
-        hint: `${number.format(plan.tokens)} tokens every ${plan.period_days} days, until you cancel (/plan in the bot)`,
-        price: `${plan.price} ⭐/month`,
+        hint: t("plan_tokens", { tokens: number.format(plan.tokens), days: plan.period_days }),
+        price: t("per_month", { price: plan.price }),
       })));
     for (const pack of items) {
       const item = document.createElement("li");
@@ -335,24 +438,24 @@
     const { invoice_link: link } = await call("POST", "invoice", choice);
     tg.openInvoice(link, (status) => {
       if (status === "paid") guarded(() => waitForCredit(before));
-      else if (status === "failed") notify("The payment did not go through.");
+      else if (status === "failed") notify(t("payment_failed"));
     });
   }
 
   async function waitForCredit(before) {
     // Telegram tells the bot, and the bot credits; the page only waits to see it.
-    notify("Payment received: crediting your tokens…");
+    notify(t("crediting"));
     for (let attempt = 0; attempt < 40; attempt += 1) {
       await loadBalance();
       if (state.balance.available > before) {
         const credited = state.balance.available - before;
         await show("balance");
-        notify(`Credited: +${number.format(credited)} tokens.`);
+        notify(t("credited", { tokens: number.format(credited) }));
         return;
       }
       await new Promise((resolve) => setTimeout(resolve, 1500));
     }
-    notify("The payment is being credited; the bot will confirm it in the chat.");
+    notify(t("credit_later"));
   }
 
   // ---- Support.
@@ -435,7 +538,7 @@
       });
     });
     $("#copy-secret").addEventListener("click", () => {
-      navigator.clipboard.writeText($("#new-secret-value").textContent).then(() => notify("Copied."), () => {});
+      navigator.clipboard.writeText($("#new-secret-value").textContent).then(() => notify(t("copied")), () => {});
     });
     $("#accept-terms").addEventListener("click", () => guarded(async () => {
       await call("POST", "terms");
@@ -455,7 +558,7 @@
         const sent = await call("POST", "support", { text });
         event.target.reset();
         await loadSupport();
-        notify(sent.delivered ? "Sent: an operator will answer here and in the chat." : "Saved; the operators will see it.");
+        notify(t(sent.delivered ? "support_sent" : "support_saved"));
       });
     });
   }
@@ -470,6 +573,7 @@
     }
     await guarded(async () => {
       await signIn();
+      localize(state.me.language);
       $('[data-page="operator"]').hidden = !state.me.operator;
       const wanted = new URLSearchParams(location.search).get("page") || (tg && tg.initDataUnsafe && tg.initDataUnsafe.start_param);
       await show(wanted in loaders ? wanted : "balance");

@@ -224,8 +224,12 @@ async def test_an_operator_sees_revenue_and_usage_and_a_buyer_is_refused(
             ["miniapp-usage-light", "miniapp-usage-dark", "miniapp-operator-dark"], "miniapp"
         )
 
-    shopper = await open_app(chromium, app_server, signed_init_data(person(ALICE)))
-    await shopper.wait_for_function("tokenshop.state.token !== null")
+    # Alice's Telegram speaks Russian: so does the page, and it writes numbers her way.
+    russian = signed_init_data(person(ALICE, language_code="ru"))
+    shopper = await open_app(chromium, app_server, russian)
+    await shopper.wait_for_function("tokenshop.state.balance !== null")
+    assert await text(shopper, '#tabs [data-page="balance"]') == "Баланс"
+    assert await text(shopper, "[data-figure=available]") == "2\u00a0091\u00a0500"
     assert not await shopper.locator('#tabs [data-page="operator"]').is_visible()
     status = await shopper.evaluate(
         "fetch('api/operator', {headers: {Authorization: `Bearer ${tokenshop.state.token}`}})"
