@@ -173,6 +173,7 @@ def hold(
     connection = session.connection()
     room = None
     if key_id is not None:
+        now = now or db_now(session)  # one instant for the key's period, minute and the hold
         room = key_limits.room(
             session=session,
             key_id=key_id,
@@ -180,7 +181,7 @@ def hold(
             model=model,
             min_tokens=min_tokens,
             max_tokens=max_tokens,
-            now=now or db_now(session),
+            now=now,
             account_locked=account_locked,
         )
         if room is not None:
