@@ -41,7 +41,14 @@ async def ready(services: ServicesDep, request: Request) -> JSONResponse:
             checks[f"model:{name}"] = "ok"
         except Exception:
             checks[f"model:{name}"] = "unavailable"
-    ok = bool(services.engines) and all(value == "ok" for value in checks.values())
+    for name, embedder in services.embedders.items():
+        try:
+            await embedder.check_health()
+            checks[f"model:{name}"] = "ok"
+        except Exception:
+            checks[f"model:{name}"] = "unavailable"
+    served = bool(services.engines or services.embedders)
+    ok = served and all(value == "ok" for value in checks.values())
     paths = {name: engine.serving_path() for name, engine in services.engines.items()}
     body = {
         "status": "ok" if ok else "unavailable",

@@ -160,9 +160,17 @@ def test_the_sdk_sees_each_error_in_openai_shape(client):
         ).embeddings.create(model="embed", input="x")
 
 
-def test_models_lists_the_embedding_model_beside_the_chat_one(client):
+def test_models_lists_the_embedding_model_beside_the_chat_one(client, server):
     assert [model.id for model in client.models.list().data] == ["demo", "embed"]
     assert client.models.retrieve("embed").id == "embed"
+    ready = httpx.get(server.base_url.removesuffix("/v1") + "/ready").json()
+    assert ready["checks"] == {"database": "ok", "model:demo": "ok", "model:embed": "ok"}
+
+
+def test_a_server_of_embedding_models_alone_is_ready(start_server):
+    server = start_server(models=f"embed={DEMO_EMBED}")
+    ready = httpx.get(server.base_url.removesuffix("/v1") + "/ready")
+    assert ready.status_code == 200 and ready.json()["checks"]["model:embed"] == "ok"
 
 
 def test_langchain_embeds_documents_and_queries(server, api_key, client):

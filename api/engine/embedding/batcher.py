@@ -1,9 +1,11 @@
 """One loop owns the embedding batch: every client's inputs, packed under a token budget.
 
 Inputs wait in arrival order. Each step the worker takes the oldest waiting input and fills its
-batch with the inputs nearest to it in length among the next few thousand, so a batch is mostly
-real tokens and no input waits behind ones that came later. A batch costs its row count times its
-longest row (padding included); an input longer than the whole budget runs alone rather than
+batch with the inputs nearest to it in length among the next few thousand, so no input waits
+behind ones that came later. A batch costs its row count times its longest row (padding
+included); it stops growing at the token budget, or where the next row would make more than
+`max_padding` of it padding (a CPU gains little from wider batches and pays for every padded
+token, attention's quadratically); an input longer than the whole budget runs alone rather than
 waiting forever. The model runs on this thread, never on the event loop, and ONNX Runtime lets go
 of the GIL while it runs, so chat streams go on beside it.
 """
@@ -34,6 +36,8 @@ class BatchLimits:
     max_batch_inputs: int = 256  # rows of one batch
     max_queued_inputs: int = 65536  # inputs waiting; more raise EngineOverloaded
     window_inputs: int = 4096  # how far past the oldest input a batch looks for its peers
+    max_padding: float = 0.15  # of a batch's tokens, beyond `padding_slack` tokens
+    padding_slack: int = 16
 
 
 @dataclass(eq=False)
@@ -132,23 +136,24 @@ class EmbeddingBatcher:
         anchor = window[0]
         ordered = sorted(range(len(window)), key=lambda i: len(window[i].tokens))
         at = ordered.index(0)
-        budget, most = self.limits.batch_tokens, self.limits.max_batch_inputs
+        most = self.limits.max_batch_inputs
         chosen = {0}
-        size = longest = len(anchor.tokens)
+        size = longest = real = len(anchor.tokens)
         below, above = at - 1, at + 1
         # grow toward whichever neighbour is nearer in length, while the batch fits
         while len(chosen) < most:
             rows = len(chosen) + 1
             down = len(window[ordered[below]].tokens) if below >= 0 else -1
             up = len(window[ordered[above]].tokens) if above < len(ordered) else -1
-            fits_down = down >= 0 and rows * longest <= budget
-            fits_up = up >= 0 and rows * max(longest, up) <= budget
+            fits_down = down >= 0 and self._fits(rows, longest, real + down)
+            fits_up = up >= 0 and self._fits(rows, max(longest, up), real + up)
             if fits_up and (not fits_down or up - size <= size - down):
                 chosen.add(ordered[above])
-                longest = max(longest, up)
+                longest, real = max(longest, up), real + up
                 above += 1
             elif fits_down:
                 chosen.add(ordered[below])
+                real += down
                 below -= 1
             else:
                 break
@@ -156,6 +161,13 @@ class EmbeddingBatcher:
         rest = [item for i, item in enumerate(window) if i not in chosen]
         waiting.extendleft(reversed(rest))
         return batch
+
+    def _fits(self, rows: int, width: int, real: int) -> bool:
+        """Whether `rows` rows `width` wide holding `real` tokens make an acceptable batch."""
+        padded = rows * width
+        limits = self.limits
+        allowed = limits.max_padding * padded + limits.padding_slack
+        return padded <= limits.batch_tokens and padded - real <= allowed
 
     def _loop(self) -> None:
         try:
