@@ -16,6 +16,7 @@
     api_key_env = "VLLM_API_KEY"
     tokenizer = "/srv/tok/llama"
     context_length = 131072
+    messages_api = false            # true: Anthropic's /v1/messages go to its own, as sent
     price_prompt = 1.0
     price_completion = 3.0
 
@@ -45,11 +46,19 @@ FIELDS = {
     "api_key_env",
     "tokenizer",
     "context_length",
+    "messages_api",
     "price_prompt",
     "price_completion",
     "truncate",
 }
-UPSTREAM_ONLY = ("upstreams", "upstream_model", "api_key_env", "tokenizer", "context_length")
+UPSTREAM_ONLY = (
+    "upstreams",
+    "upstream_model",
+    "api_key_env",
+    "tokenizer",
+    "context_length",
+    "messages_api",
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -155,7 +164,14 @@ def _upstream(name: str, table: dict[str, Any]) -> UpstreamConfig:
         api_key=_api_key(name, table.get("api_key_env")),
         tokenizer=_tokenizer(name, table.get("tokenizer")),
         context_length=_context_length(name, table.get("context_length")),
+        messages_api=_messages_api(name, table.get("messages_api", False)),
     )
+
+
+def _messages_api(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ModelsFileError(f"model {name!r}: messages_api must be true or false")
+    return value
 
 
 def _api_key(name: str, variable: Any) -> str | None:

@@ -99,6 +99,11 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100) added to the logits
 
 
+# `GenerationRequest.extra`'s key for an Anthropic Messages body sent on as the client wrote it
+# (to an engine whose `speaks_messages()`).
+NATIVE_MESSAGES = "anthropic_messages"
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
@@ -211,6 +216,12 @@ class EngineClient(ABC):
         same, where this process renders the prompt; an upstream adds what its own template
         counts beyond ours (`upstream/prompt_count.py`)."""
         return counted
+
+    def speaks_messages(self) -> bool:
+        """Whether a Messages request is sent to this engine as the client wrote it (an upstream
+        that serves Anthropic's API: `GenerationRequest.extra["anthropic_messages"]`) rather
+        than as the chat request it was translated into."""
+        return False
 
     def fingerprint(self) -> str:
         """OpenAI's `system_fingerprint`: a short digest of the backend configuration that

@@ -53,9 +53,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.post("/messages", response_model=Message, responses=ERRORS)
 async def create_message(
-    body: MessagesRequest, caller: AnthropicKeyDep, service: MessagesDep
+    body: MessagesRequest, caller: AnthropicKeyDep, service: MessagesDep, request: Request
 ) -> Response:
-    prepared = await service.prepare(body, caller.account_id, caller.key_id)
+    raw = await request.json()  # parsed already: Starlette keeps the body
+    prepared = await service.prepare(body, caller.account_id, caller.key_id, body=raw)
     if body.stream:
         events = await service.start_stream(prepared)
         return EventStream(events, close=partial(service.close, prepared))

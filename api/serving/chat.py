@@ -29,6 +29,7 @@ from anyio import to_thread
 from api.books import Books
 from api.engine.errors import ContextLengthExceeded
 from api.engine.protocol import (
+    NATIVE_MESSAGES,
     ChatMessage,
     EngineClient,
     GenerationOutput,
@@ -160,10 +161,13 @@ class ChatService:
         key_id: int | None = None,
         *,
         clamp_max_tokens: bool = False,
+        native_messages: Mapping[str, Any] | None = None,
     ) -> PreparedChat:
         """Validate, tokenize and hold; raises an error the client gets as an HTTP status.
         `key_id` is the key that asked: its usage is that key's. `clamp_max_tokens`: a limit
-        past the room the prompt leaves is cut to the room, not refused (Anthropic's way)."""
+        past the room the prompt leaves is cut to the room, not refused (Anthropic's way).
+        `native_messages`: the Anthropic body `request` was translated from, sent instead to an
+        engine that speaks Messages (`EngineClient.speaks_messages`)."""
         engine = self.engines.get(request.model)
         if engine is None:
             if request.model in self.embedding_models:
@@ -175,7 +179,12 @@ class ChatService:
         arrived = engine.expect()
         try:
             prepared = await self._prepare(
-                engine, request, account_id, key_id, clamp_max_tokens=clamp_max_tokens
+                engine,
+                request,
+                account_id,
+                key_id,
+                clamp_max_tokens=clamp_max_tokens,
+                native_messages=native_messages,
             )
         except BaseException:
             arrived()
@@ -191,10 +200,13 @@ class ChatService:
         key_id: int | None,
         *,
         clamp_max_tokens: bool = False,
+        native_messages: Mapping[str, Any] | None = None,
     ) -> PreparedChat:
         messages, plan, prompt_ids = await self._render(engine, request)
         requests.stop_strings(request)
         forwarded = _forwarded(request, engine)
+        if native_messages is not None and engine.speaks_messages():
+            forwarded = {NATIVE_MESSAGES: native_messages}
         if plan.constraint is not None:  # a schema llguidance cannot take is a 400, before the hold
             await engine.check_constraint(plan.constraint)
         prompt = len(prompt_ids)

@@ -10,7 +10,7 @@ outputs by the same `MessageBlocks`; this module shapes the message and its even
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +50,20 @@ class MessagesService:
         self.settings = settings
 
     async def prepare(
-        self, request: MessagesRequest, account_id: int, key_id: int | None = None
+        self,
+        request: MessagesRequest,
+        account_id: int,
+        key_id: int | None = None,
+        *,
+        body: Mapping[str, Any] | None = None,
     ) -> PreparedMessage:
         """Translate and hold. `max_tokens` past what the context leaves is cut to the room:
-        Claude Code asks for 32,000 whatever the model."""
+        Claude Code asks for 32,000 whatever the model. `body`, the request as it came, is
+        what an upstream that serves Messages itself gets."""
         chat_request = to_chat(request)
-        prepared = await self.chat.prepare(chat_request, account_id, key_id, clamp_max_tokens=True)
+        prepared = await self.chat.prepare(
+            chat_request, account_id, key_id, clamp_max_tokens=True, native_messages=body
+        )
         plan = prepared.plan
         blocks = MessageBlocks(StreamedCalls(plan) if plan.format else None)
         message_id = "msg_" + prepared.id.removeprefix("chatcmpl-")  # its hold's id, renamed

@@ -26,3 +26,6 @@ class UpstreamConfig:
     api_key: str | None = field(default=None, repr=False)  # read from `api_key_env`, never shown
     tokenizer: Path | None = None  # tokenizer.json (or its dir) to count prompts locally
     context_length: int | None = None  # None: the upstream's `max_model_len`, else the default
+    # The upstreams serve Anthropic's `/v1/messages` too: Messages requests go there as sent
+    # (`messages_wire.py`) instead of being translated to chat completions.
+    messages_api: bool = False

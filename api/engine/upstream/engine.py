@@ -26,7 +26,7 @@ import logging
 import secrets
 import string
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,7 @@ from api.engine.protocol import (
 )
 from api.engine.text.chat_template import ChatTemplate
 from api.engine.text.tokenizer import TokenizerWrapper
-from api.engine.upstream import http, wire
+from api.engine.upstream import http, messages_wire, wire
 from api.engine.upstream.backend import Backend
 from api.engine.upstream.config import DEFAULT_CONTEXT_LENGTH, UpstreamConfig, UpstreamTimeouts
 from api.engine.upstream.prompt_count import CALIBRATION, PromptOverhead
@@ -116,6 +116,9 @@ class UpstreamEngine(EngineClient):
         if self.prompt_is_bound:  # an upper bound already
             return counted
         return self.overhead.to_hold(messages, counted=counted)
+
+    def speaks_messages(self) -> bool:
+        return self.config.messages_api
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         if not request.messages:
@@ -230,17 +233,23 @@ class UpstreamEngine(EngineClient):
         """One upstream's answer; raises `_TryNext` for a failure before the first token."""
         assert self._pool is not None
         started = time.monotonic()
+        # a Messages request to an upstream that serves Messages goes as the client sent it
+        native = self.config.messages_api and messages_wire.NATIVE in request.extra
+        model = self.config.upstream_model
         body = json.dumps(
-            wire.request_body(request, self.config.upstream_model),
+            messages_wire.request_body(request, model)
+            if native
+            else wire.request_body(request, model),
             ensure_ascii=False,
             separators=(",", ":"),
         ).encode()
+        parse = messages_wire.EventReader().parse if native else wire.parse_chunk
         response: http.Response | None = None
         try:
             try:
                 async with asyncio.timeout(self.timeouts.first_token if request.stream else None):
                     response = await self._pool.post(
-                        f"{backend.url}/chat/completions",
+                        f"{backend.url}/messages" if native else f"{backend.url}/chat/completions",
                         body,
                         self._headers,
                         # the longest gap between tokens, timed by the connection itself
@@ -249,9 +258,10 @@ class UpstreamEngine(EngineClient):
                     await self._refuse_unless_ok(backend, response)
                     if not request.stream:
                         document = json.loads(await response.read())
-                        first = wire.parse_completion(document)
+                        read = messages_wire.parse_message if native else wire.parse_completion
+                        first = read(document)
                     else:
-                        first = await _first_piece(response)
+                        first = await _first_piece(response, parse)
             except http.ConnectFailed as exc:
                 backend.up = False
                 raise _TryNext("connect", str(exc)) from None
@@ -270,7 +280,7 @@ class UpstreamEngine(EngineClient):
                 return
             while not tally.done:
                 try:
-                    piece = await _next_piece(response)
+                    piece = await _next_piece(response, parse)
                 except http.ReadTimeout:
                     backend.errors["timeout"] += 1
                     raise UpstreamFailed(
@@ -406,7 +416,9 @@ class _StreamEnded(Exception):
     """The upstream closed its stream before sending anything to show."""
 
 
-async def _next_piece(response: http.Response) -> wire.Piece | None:
+async def _next_piece(
+    response: http.Response, parse: Callable[[bytes], wire.Piece]
+) -> wire.Piece | None:
     """A stream's next `data:` event; None after `[DONE]`, whose body's end is read too
     (briefly), so the connection goes back to the pool instead of being closed."""
     data = await response.next_data()
@@ -415,12 +427,12 @@ async def _next_piece(response: http.Response) -> wire.Piece | None:
     if data == b"[DONE]":
         await response.finish(DRAIN_SECONDS)
         return None
-    return wire.parse_chunk(data)
+    return parse(data)
 
 
-async def _first_piece(response: http.Response) -> wire.Piece:
+async def _first_piece(response: http.Response, parse: Callable[[bytes], wire.Piece]) -> wire.Piece:
     """Read until something counts: text, a finish, usage (role-only chunks do not)."""
-    while (piece := await _next_piece(response)) is not None:
+    while (piece := await _next_piece(response, parse)) is not None:
         if piece.error is not None:
             raise _StreamEnded(piece.error)
         if (
