@@ -3,7 +3,9 @@ once per period, and its expiry once, `EXPIRY_WARNING` ahead.
 
 Usage is billed by the API processes, so the bot polls, as it does for balance notices
 (`billing.notices`); each alert is claimed with a guarded UPDATE on the key's row (`alert_level`
-and `alert_period`, `expiry_alerted_for`), so of several bot processes only one sends it.
+and `alert_period`, `expiry_alerted_for`), so of several bot processes only one sends it. The
+claim locks the rows' accounts first, in ascending id, as every writer of a key's row does, so
+it never waits in a circle with a batch of the API's holds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sqlalchemy import select as sa_select
 from sqlmodel import Session, col
 
 from billing.key_limits import KeyReport, describe_row, period_start
+from billing.locks import lock_accounts
 from billing.models import Account, ApiKey, KeyLimit
 
 ALERT_LEVELS = (80, 100)  # percent of the spend limit announced once per period
@@ -61,7 +64,12 @@ def claim_alerts(*, session: Session, now: datetime, limit: int = ALERT_BATCH) -
         .limit(limit)
     ).all()
     alerts: list[KeyAlert] = []
+    # Every writer of a key's row locks its account first (`billing.locks`); the accounts
+    # another transaction holds now (a batch of holds) are left for the next run.
+    locked = set(lock_accounts(session, (row.account_id for row, *_ in rows), skip_locked=True))
     for row, key_id, name, hint, telegram_id, language in rows:
+        if row.account_id not in locked:
+            continue
         key_report = describe_row(key_id, row, now)
         found = []
         level = _spend_level(key_report)
