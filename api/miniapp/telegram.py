@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from telegram import Bot, LabeledPrice
+from telegram import Bot, InputFile, LabeledPrice
 from telegram.error import TelegramError
 
 from billing.models import Order
@@ -47,6 +47,9 @@ _PLAN_TEXTS = {
         "{tokens} токенов каждые 30 дней",
     ),
 }
+
+
+_CSV_CAPTIONS = {"en": "Every billed request, as CSV.", "ru": "Все оплаченные запросы в CSV."}
 
 
 class TelegramUnavailable(Exception):
@@ -93,6 +96,21 @@ class BotApi:
             logger.warning("could not message %s: %s", chat_id, error.message)
             return None
         return sent.message_id
+
+    async def send_csv(self, chat_id: int, data: str, language: str | None) -> None:
+        """The usage export as a document in the buyer's chat with the bot, as the bot's own
+        CSV button sends it (a Mini App's webview may not save files)."""
+        code = (language or "en").split("-")[0].lower()
+        caption = _CSV_CAPTIONS.get(code, _CSV_CAPTIONS["en"])
+        try:
+            await self.bot.send_document(
+                chat_id,
+                InputFile(data.encode(), filename="tokenshop-usage.csv"),
+                caption=caption,
+            )
+        except TelegramError as error:
+            logger.warning("sendDocument failed: %s", error.message)
+            raise TelegramUnavailable("Telegram did not take the file; try again.") from error
 
     async def close(self) -> None:
         await self.bot.shutdown()

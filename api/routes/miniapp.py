@@ -65,6 +65,13 @@ async def usage_csv(user: AppUserDep, miniapp: MiniAppDep) -> Response:
     )
 
 
+@router.post("/usage.csv/send", status_code=status.HTTP_204_NO_CONTENT)
+async def send_usage_csv(user: AppUserDep, miniapp: MiniAppDep) -> Response:
+    """The same CSV, sent by the bot into the buyer's chat (webviews may not save files)."""
+    await miniapp.send_usage_csv(user)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 @router.get("/keys", response_model=list[KeyOut])
 async def list_keys(user: AppUserDep, miniapp: MiniAppDep) -> list[KeyOut]:
     return await miniapp.keys(user)

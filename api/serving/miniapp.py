@@ -197,6 +197,18 @@ class MiniApp:
 
         return await self._read(work)
 
+    async def send_usage_csv(self, user: AppUser) -> None:
+        """The CSV export into the buyer's chat with the bot."""
+        assert self.telegram is not None
+
+        def work(session: Session) -> tuple[str, str | None]:
+            account = accounts.get_account(session=session, account_id=user.account_id)
+            data = stats.usage_csv(session=session, account_id=user.account_id)
+            return data, account.chosen_language or account.language
+
+        data, language = await self._read(work)
+        await self.telegram.send_csv(user.telegram_id, data, language)
+
     async def keys(self, user: AppUser) -> list[KeyOut]:
         def work(session: Session) -> list[KeyOut]:
             return _keys_out(session, user.account_id)

@@ -41,6 +41,7 @@
       credited: "Credited: +{tokens} tokens.",
       credit_later: "The payment is being credited; the bot will confirm it in the chat.",
       copied: "Copied.",
+      csv_sent: "The bot sent the CSV to your chat.",
       support_sent: "Sent: an operator will answer here and in the chat.",
       support_saved: "Saved; the operators will see it.",
       prompt: "prompt", completion: "completion", day: "Day",
@@ -86,6 +87,8 @@
       credited: "Зачислено: +{tokens} токенов.",
       credit_later: "Платёж зачисляется; бот подтвердит его в чате.",
       copied: "Скопировано.",
+      csv_to_chat: "Прислать CSV в чат",
+      csv_sent: "Бот прислал CSV в ваш чат.",
       support_sent: "Отправлено: оператор ответит здесь и в чате.",
       support_saved: "Сохранено; операторы увидят сообщение.",
     },
@@ -526,6 +529,10 @@
       });
     }
     $("#usage-csv").addEventListener("click", () => guarded(downloadCsv));
+    $("#usage-csv-chat").addEventListener("click", () => guarded(async () => {
+      await call("POST", "usage.csv/send");
+      notify(t("csv_sent"));
+    }));
     $("#key-list").addEventListener("click", (event) => guarded(() => onKeyAction(event)));
     $("#new-key").addEventListener("submit", (event) => {
       event.preventDefault();

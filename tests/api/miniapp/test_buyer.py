@@ -90,6 +90,17 @@ def test_balance_and_usage_per_day_by_model_over_a_window(app_client, engine):
     assert sorted(int(row["prompt_tokens"]) for row in rows) == [7, 100, 300, 1000]
 
 
+def test_the_csv_is_sent_into_the_buyers_chat(app_client, engine, telegram: FakeTelegram):
+    alice = app_client(ALICE)
+    account_id = open_account(alice, engine, tokens=1_000)
+    use_on_day(engine, account_id, 1, prompt=30, completion=12)
+    assert alice("POST", "/usage.csv/send").status_code == 204
+    sent = telegram.last("sendDocument")
+    assert int(sent["chat_id"]) == ALICE and sent["caption"] == "Every billed request, as CSV."
+    assert sent["document"]["filename"] == "tokenshop-usage.csv"
+    assert sent["document"]["content"].decode() == alice("GET", "/usage.csv").text
+
+
 def test_keys_are_created_renamed_rotated_and_revoked(app_client, engine, session, secret_key):
     alice = app_client(ALICE)
     open_account(alice, engine)
