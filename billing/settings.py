@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from billing.errors import InvalidLimits
@@ -48,6 +48,9 @@ class BillingSettings(BaseSettings):
     # Limits every new key starts with (docs/keys.md), e.g. "spend 100000 daily; rpm 60;
     # expires 90d"; a buyer or operator changes them per key. Empty: none.
     key_default_limits: str = ""
+    # Tokens given to every new account (0: none), on its first contact with the bot or the
+    # Mini App, whichever comes first.
+    starter_tokens: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _require_real_secret_in_production(self) -> BillingSettings:

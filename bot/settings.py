@@ -50,10 +50,9 @@ class BotSettings(BillingSettings):
     # Under that rule a buyer's request is refunded at once; False: every request waits for an
     # operator's tap.
     refund_automatically: bool = True
-    # Growth: the referrer's share (percent of the tokens) of a referred buyer's first purchase,
-    # and tokens given to every new account (0: none).
+    # Growth: the referrer's share (percent of the tokens) of a referred buyer's first purchase
+    # (STARTER_TOKENS, for every new account, is one of the billing settings).
     referral_share_percent: int = Field(default=10, ge=0, le=100)
-    starter_tokens: int = Field(default=0, ge=0)
 
     @field_validator("admin_telegram_ids", mode="before")
     @classmethod

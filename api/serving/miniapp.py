@@ -50,7 +50,17 @@ from api.protocol_miniapp import (
     WaitingOut,
 )
 from api.settings import ApiSettings
-from billing import accounts, key_limits, keys, ledger, reports, stats, stray_charges, support
+from billing import (
+    accounts,
+    key_limits,
+    keys,
+    ledger,
+    referrals,
+    reports,
+    stats,
+    stray_charges,
+    support,
+)
 from billing.db import reading, session_scope
 from billing.errors import TermsNotAccepted
 from billing.key_limits import KeyReport
@@ -133,14 +143,24 @@ class MiniApp:
         )
 
         def work(session: Session) -> tuple[Me, int]:
-            account = accounts.get_or_create_account(
+            # first contact here or in the bot, as the bot opens accounts: starter tokens, and
+            # the key to use them with
+            contact = referrals.open_account(
                 session=session,
                 telegram_id=person.id,
                 name=person.full_name[:255] or None,
                 language=person.language_code,
+                starter_tokens=self.settings.starter_tokens,
             )
-            session.flush()
+            account = contact.account
             assert account.id is not None
+            if contact.starter_tokens:
+                keys.ensure_key(
+                    session=session,
+                    account_id=account.id,
+                    secret_key=self.secret_key,
+                    defaults=self.settings.key_defaults(),
+                )
             return Me(
                 telegram_id=person.id,
                 name=account.name,

@@ -7,6 +7,7 @@ import io
 from datetime import timedelta
 
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import update
 from sqlmodel import Session, col
 
@@ -14,7 +15,9 @@ from billing import keys, ledger
 from billing.accounts import find_telegram_account
 from billing.errors import RevokedKey
 from billing.models import LedgerEntry, utcnow
-from tests.bot.double import FakeTelegram, TelegramUser
+from bot.app import build_application
+from tests.api.miniapp.conftest import AppClient, person, signed_init_data
+from tests.bot.double import API_BASE_URL, BOT_TOKEN, FakeTelegram, TelegramUser
 from tests.bot.stories import pre_checkout_answer
 from tests.factories import bill_request
 
@@ -244,3 +247,38 @@ async def test_support_written_in_the_page_reaches_operators_and_their_reply_the
         (False, "My tokens <b>vanished</b>"),
         (True, "They are back now."),
     ]
+
+
+@pytest.mark.anyio
+async def test_a_first_contact_in_the_page_gets_the_starter_tokens_once(
+    start_server, telegram: FakeTelegram, bot_settings, engine
+):
+    """STARTER_TOKENS reach a buyer who opens the page before writing to the bot, and the bot
+    gives none again."""
+    assert telegram.router is not None
+    telegram.router.route(host="127.0.0.1").pass_through()
+    server = start_server(
+        engines={},
+        telegram_bot_token=SecretStr(BOT_TOKEN),
+        telegram_api_base_url=API_BASE_URL,
+        starter_tokens=5_000,
+    )
+    bot = build_application(bot_settings.model_copy(update={"starter_tokens": 5_000}))
+    await bot.initialize()
+    assert bot.post_init is not None and bot.post_shutdown is not None
+    await bot.post_init(bot)
+    page = AppClient(server, ALICE, signed_init_data(person(ALICE)))
+    try:
+        assert page.ok("GET", "/balance")["granted"] == 5_000
+        assert len(page.ok("GET", "/keys")) == 1  # the key to try them with
+        await TelegramUser(bot, id=ALICE, first_name="Alice").send("/start")
+        assert page.ok("GET", "/balance")["granted"] == 5_000
+        assert "5,000" not in telegram.last_text_to(ALICE)  # no gift announced either
+        newcomer = AppClient(server, 100_003, signed_init_data(person(100_003, "Vera")))
+        await TelegramUser(bot, id=100_003, first_name="Vera").send("/start")  # bot first
+        assert newcomer.ok("GET", "/balance")["granted"] == 5_000
+        newcomer.http.close()
+    finally:
+        page.http.close()
+        await bot.post_shutdown(bot)
+        await bot.shutdown()
