@@ -20,8 +20,9 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from billing.models import LedgerEntry
+from billing.models import Hold, LedgerEntry
 from tests.api.conftest import DEMO_MODEL, LiveServer
+from tests.api.test_responses import BreakingEngine
 from tests.faults import GatedEngine, demo_engine
 
 HELLO = [{"role": "user", "content": "Hello there, how are the tokens today?"}]
@@ -143,6 +144,27 @@ def test_a_stream_sends_anthropics_events_in_order_and_bills_what_it_reports(cla
     assert usage.input_tokens + usage.cache_read_input_tokens == entry.prompt_tokens
     assert usage.output_tokens == entry.completion_tokens
     assert -entry.amount == entry.prompt_tokens + entry.completion_tokens
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event_and_bills_what_it_sent(
+    start_server, api_key, make_anthropic, engine
+):
+    server = start_server(engines={"demo": BreakingEngine(demo_engine(str(DEMO_MODEL)), 4)})
+    events = []
+    claude = make_anthropic(server, api_key)
+    with (
+        pytest.raises(anthropic.APIStatusError) as failed,  # the SDK's answer to `error`
+        claude.messages.stream(model="demo", max_tokens=32, messages=HELLO) as stream,
+    ):
+        events.extend(stream)
+    assert failed.value.body["error"]["type"] == "api_error"
+    assert "not available" in failed.value.body["error"]["message"]
+    assert events[0].type == "message_start"
+    assert "message_stop" not in [event.type for event in events]
+    with Session(engine) as session:
+        [entry] = session.exec(select(LedgerEntry).where(LedgerEntry.kind == "usage")).all()
+        assert entry.completion_tokens == 4
+        assert session.exec(select(Hold).where(Hold.state == "held")).all() == []
 
 
 def test_tool_choice_any_gives_a_tool_use_whose_input_fits_its_schema_and_a_result_is_answered(
