@@ -289,11 +289,13 @@ class ChatService:
 
     async def count_prompt(self, request: ChatCompletionRequest) -> int:
         """The prompt tokens `prepare` would hold for, with nothing held (Anthropic's
-        `count_tokens`); an upstream without a tokenizer gives its upper bound."""
+        `count_tokens`): exact on a local engine; for an upstream, its template's count as
+        learned (`prompt_to_hold`), or an upper bound where no tokenizer is configured."""
         engine = self.engines.get(request.model)
         if engine is None:
             raise model_not_found(request.model)
-        return len((await self._render(engine, request))[2])
+        messages, _, prompt_ids = await self._render(engine, request)
+        return engine.prompt_to_hold(messages, len(prompt_ids))
 
     def _dispatch_early(
         self, engine: EngineClient, account_id: int, wanted: list[GenerationRequest]
