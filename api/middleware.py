@@ -33,6 +33,10 @@ def _route(path: str) -> str:
     for prefix in ("/v1/models/", "/v1/responses/"):  # one label per route, not per id
         if path.startswith(prefix):
             return prefix + "{id}"
+    if path.startswith("/app/api/"):  # the Mini App's JSON API, and its page's files
+        return "/app/api"
+    if path == "/app" or path.startswith("/app/"):
+        return "/app"
     return "other"
 
 

@@ -67,6 +67,15 @@ def test_every_route_refuses_bad_init_data_with_401(app_server: LiveServer, cred
             assert answer.json()["error"]["code"] == "invalid_init_data"
 
 
+def test_the_apps_requests_are_counted_under_their_own_routes(app_server: LiveServer):
+    root = f"http://127.0.0.1:{app_server.port}"
+    assert httpx.get(f"{root}/app/").status_code == 200
+    assert httpx.get(f"{root}/app/api/keys").status_code == 401
+    metrics = httpx.get(f"{root}/metrics").text
+    assert 'tokenshop_requests_total{route="/app",status="200"} 1.0' in metrics
+    assert 'tokenshop_requests_total{route="/app/api",status="401"} 1.0' in metrics
+
+
 def test_signed_init_data_opens_a_session_that_later_calls_use(app_server: LiveServer):
     base = f"http://127.0.0.1:{app_server.port}/app/api"
     with httpx.Client(base_url=base) as http:
