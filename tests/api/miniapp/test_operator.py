@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from pydantic import SecretStr
 from sqlalchemy import update
 from sqlmodel import Session, col
 
 from billing import ledger, stray_charges, support
 from billing.models import Account, Purchase, utcnow
-from tests.api.miniapp.conftest import ADMIN_ID
+from tests.api.conftest import free_port
+from tests.api.miniapp.conftest import ADMIN_ID, AppClient, person, signed_init_data
 from tests.api.miniapp.test_buyer import use_on_day
+from tests.api.upstreams import FakeUpstream, models_toml
+from tests.bot.double import API_BASE_URL, BOT_TOKEN, FakeTelegram
 from tests.factories import bill_request, make_account, make_purchase
+from tests.faults import poll
 
 
 def test_revenue_refunds_buyers_usage_and_what_waits_for_an_operator(app_client, engine):
@@ -81,3 +86,37 @@ def test_an_empty_shop_reports_zeros(app_client, engine):
     assert len(report["days"]) == 90 and report["revenue"] == 0
     assert report["sales"] == report["refunds"] == report["top_accounts"] == []
     assert report["open_holds"] == {"holds": 0, "tokens": 0, "oldest": None}
+
+
+def test_the_operator_sees_each_upstream_servers_health(
+    start_server, telegram: FakeTelegram, tmp_path, engine
+):
+    """A model on two upstream servers, one of them refusing connections."""
+    assert telegram.router is not None
+    telegram.router.route(host="127.0.0.1").pass_through()
+    upstream = FakeUpstream().wait_ready()
+    try:
+        refused = f"http://127.0.0.1:{free_port()}/v1"
+        models = tmp_path / "models.toml"
+        models.write_text(models_toml("big", [refused, upstream.base_url], upstream_model="fake"))
+        server = start_server(
+            models_file=str(models),
+            telegram_bot_token=SecretStr(BOT_TOKEN),
+            telegram_api_base_url=API_BASE_URL,
+            admin_telegram_ids=frozenset({ADMIN_ID}),
+        )
+        olga = AppClient(server, ADMIN_ID, signed_init_data(person(ADMIN_ID, "Olga")))
+        seen: dict[str, bool] = {}
+
+        def health() -> dict[str, bool]:
+            report = olga.ok("GET", "/operator", params={"days": 7})
+            seen.update({u["url"]: u["up"] for u in report["upstreams"]})
+            return seen
+
+        try:  # the first health check runs as the server starts
+            poll(lambda: health().get(refused) is False, within=10, what="the refusing one down")
+        finally:
+            olga.http.close()
+        assert seen == {refused: False, upstream.base_url: True}
+    finally:
+        upstream.stop()
