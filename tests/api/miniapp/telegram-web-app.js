@@ -42,7 +42,7 @@
       const match = url.match(/^https:\/\/t\.me\/(?:\$|invoice\/)([\w-]+)$/);
       if (!match) throw new Error("WebAppInvoiceUrlInvalid");
       invoiceCallbacks[match[1]] = callback;
-      postEvent("web_app_open_invoice", { slug: match[1], url });
+      postEvent("web_app_open_invoice", { slug: match[1] });
     },
     showConfirm(message, callback) {
       postEvent("web_app_open_popup", {
