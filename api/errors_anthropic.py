@@ -13,6 +13,7 @@ import logging
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import OpenAIError, from_domain
 from api.protocol_anthropic import ErrorBody, ErrorResponse
@@ -67,6 +68,8 @@ def anthropic_error(exc: Exception) -> AnthropicError:
         )
     if isinstance(exc, RequestValidationError):
         return AnthropicError(400, "invalid_request_error", _invalid_body(exc), {})
+    if isinstance(exc, StarletteHTTPException):  # e.g. a body FastAPI could not decode
+        return from_openai(OpenAIError(exc.status_code, str(exc.detail)))
     error = from_domain(exc)
     if error.status >= 500 and not isinstance(exc, OpenAIError):
         logger.error("messages request failed", exc_info=exc)

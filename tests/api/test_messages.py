@@ -17,11 +17,15 @@ import httpx
 import httpx2
 import jsonschema
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from billing.models import Hold, LedgerEntry
 from tests.api.conftest import DEMO_MODEL, LiveServer
+from tests.api.test_fuzzing import EXAMPLES, schema  # noqa: F401 (a fixture)
 from tests.api.test_responses import BreakingEngine
 from tests.faults import GatedEngine, demo_engine
 
@@ -335,3 +339,39 @@ def test_a_body_over_the_limit_is_request_too_large(start_server, api_key, make_
         )
     assert refused.value.status_code == 413
     assert refused.value.body["error"]["type"] == "request_too_large"
+
+
+@pytest.mark.slow  # hundreds of generated requests per endpoint
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_fuzzed_messages_never_get_a_5xx_and_errors_are_anthropics(
+    schema,  # noqa: F811
+    server,
+    api_key,
+    path,
+    mode,
+):
+    operation = schema[path]["POST"]
+    base = server.base_url.removesuffix("/v1")
+    keys = st.sampled_from([{"x-api-key": api_key}, {"Authorization": f"Bearer {api_key}"}, {}])
+
+    @given(case=operation.as_strategy(generation_mode=mode), headers=keys)
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def fuzz(case, headers: dict[str, str]) -> None:
+        if isinstance(case.body, dict) and isinstance(case.body.get("max_tokens"), int):
+            case.body["max_tokens"] = min(case.body["max_tokens"], 4)  # short: parsing is the point
+        response = case.call(base_url=base, headers=headers, timeout=30)
+        assert response.status_code < 500, response.text
+        [request_id] = response.headers["request-id"]  # schemathesis: each header's values
+        if response.status_code >= 400:
+            body = response.json()
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+            assert body["request_id"] == request_id
+
+    fuzz()
+    assert server.services.engines["demo"].stats().active_sequences == 0
