@@ -56,6 +56,7 @@ def test_the_documented_example_reads_as_written(tmp_path, monkeypatch):
     [
         ("README.md", [["demo", "llama-70b"]]),
         ("docs/upstreams.md", [["demo", "llama-70b"], ["tiny"]]),
+        ("docs/embeddings.md", [["embed"]]),
     ],
 )
 def test_the_models_files_in_the_docs_work_as_printed(tmp_path, monkeypatch, doc, models):
@@ -114,6 +115,14 @@ def test_upstream_model_defaults_to_the_name(tmp_path):
         (
             'name = "m"\npath = "models/demo"\nupstream_model = "x"',
             "model 'm': upstream_model applies only with upstreams",
+        ),
+        (
+            'name = "m"\npath = "models/demo-embed"\ntruncate = "yes"',
+            "model 'm': truncate must be true or false",
+        ),
+        (
+            'name = "m"\nupstreams = ["http://a/v1"]\ntruncate = true',
+            "model 'm': truncate applies only with path",
         ),
         ('upstreams = ["http://a/v1"]', "model #1: name must be a non-empty string"),
     ],
