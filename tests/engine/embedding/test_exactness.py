@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -88,3 +89,33 @@ async def test_int8_stays_close_to_float32(export: EmbeddingExport, tmp_path):
         await full.shutdown()
         await int8.shutdown()
     assert cosines(quantized, ours).min() >= 0.99  # the issue's target; bench/results has figures
+
+
+async def test_an_export_with_the_pooling_in_its_graph_needs_no_module_files(
+    embedding_exports, tmp_path
+):
+    """optimum's `--library-name sentence_transformers` export: a `sentence_embedding` output,
+    pooled and normalized in the graph, and no modules.json beside it."""
+    from optimum.exporters.onnx import main_export
+
+    export = embedding_exports["bert"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's chatter, as in every export here
+        main_export(
+            str(export.source),
+            tmp_path / "pooled",
+            task="feature-extraction",
+            library_name="sentence_transformers",
+            do_validation=False,
+        )
+    assert not (tmp_path / "pooled" / "modules.json").exists()
+    texts = mixed_texts(8, seed=4)
+    engine = LocalEmbeddingEngine("pooled", tmp_path / "pooled", threads=2)
+    await engine.start()
+    try:
+        ours = await engine.embed(engine.tokenize(texts))
+    finally:
+        await engine.shutdown()
+    assert engine.model.pooling.mode == "graph"
+    theirs = export.reference.encode(texts, convert_to_numpy=True)
+    assert cosines(ours, theirs).min() >= EXACT
