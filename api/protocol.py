@@ -97,6 +97,7 @@ class ChatCompletionRequest(_Lenient):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)  # vLLM's and llama.cpp's extension; 0: off
     n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None

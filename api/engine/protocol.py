@@ -89,6 +89,7 @@ class SamplingParams:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # sample among the k likeliest tokens only; 0: all of them
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

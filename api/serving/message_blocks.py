@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from api.engine.protocol import GenerationOutput
-from api.errors import invalid_request, unsupported_parameter
+from api.errors import invalid_request
 from api.protocol import ChatCompletionRequest, DeltaToolCall
 from api.protocol_anthropic import (
     ContentBlock,
@@ -66,12 +66,11 @@ def to_chat(request: CountTokensRequest) -> ChatCompletionRequest:
     if request.tool_choice is not None and request.tool_choice.disable_parallel_tool_use:
         body["parallel_tool_calls"] = False
     if isinstance(request, MessagesRequest):
-        if request.top_k is not None:
-            raise unsupported_parameter("top_k", "is not supported by this service.")
         body.update(
             max_tokens=request.max_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=request.top_k,
             stop=request.stop_sequences or None,
             stream=request.stream,
         )

@@ -118,6 +118,7 @@ def sampling_params(
         max_tokens=max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
+        top_k=request.top_k or 0,
         seed=None if request.seed is None else (request.seed + choice) % 2**64,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,

@@ -119,6 +119,13 @@ def test_max_tokens_ends_with_max_tokens_and_a_stop_sequence_with_stop_sequence(
     assert text_of(stopped) == text[: text.index(stop)]
 
 
+def test_top_k_of_one_samples_the_greedy_answer(claude):
+    ask = {"model": "demo", "max_tokens": 16, "messages": HELLO}
+    greedy = claude.messages.create(**ask, extra_body={"temperature": 0})
+    sampled = claude.messages.create(**ask, extra_body={"temperature": 1, "top_k": 1})
+    assert text_of(sampled) == text_of(greedy)
+
+
 def test_a_max_tokens_past_the_context_is_cut_to_the_room_not_refused(claude):
     # stopped early by any of the demo's common characters: the point is the 200, not a long wait
     message = claude.messages.create(

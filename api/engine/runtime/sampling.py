@@ -109,6 +109,14 @@ def _apply_penalties(logits: np.ndarray, states: Sequence[SamplerState]) -> np.n
     return logits if penalised is None else penalised
 
 
+def _top_k_mask(probs: np.ndarray, top_k: int) -> np.ndarray:
+    """Zero every probability but the `top_k` largest (applied before top_p, as vLLM does)."""
+    keep = np.argpartition(-probs, top_k - 1)[:top_k]
+    masked = np.zeros_like(probs)
+    masked[keep] = probs[keep]
+    return masked
+
+
 def _top_p_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Zero every probability outside the smallest set of top tokens whose mass reaches top_p."""
     vocab = probs.shape[0]
@@ -151,6 +159,8 @@ def sample(logits: np.ndarray, states: Sequence[SamplerState]) -> list[TokenChoi
         scaled -= scaled.max(axis=1, keepdims=True)
         probs = np.exp(scaled)
         for j, i in enumerate(sampled):
+            if 0 < states[i].params.top_k < probs.shape[1]:
+                probs[j] = _top_k_mask(probs[j], states[i].params.top_k)
             if states[i].params.top_p < 1.0:
                 probs[j] = _top_p_mask(probs[j], states[i].params.top_p)
         cumulative = np.cumsum(probs, axis=1)

@@ -51,6 +51,8 @@ def request_body(request: GenerationRequest, model: str) -> dict[str, Any]:
     }
     if request.stream:
         body["stream_options"] = {"include_usage": True}
+    if params.top_k:
+        body["top_k"] = params.top_k
     if params.seed is not None:
         body["seed"] = params.seed - 2**64 if params.seed >= 2**63 else params.seed
     if params.stop:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from api.engine.protocol import SamplingParams
-from api.engine.runtime.sampling import SamplerState, _top_p_mask, sample
+from api.engine.runtime.sampling import SamplerState, _top_k_mask, _top_p_mask, sample
 
 
 def state(**params) -> SamplerState:
@@ -55,6 +55,14 @@ def test_top_p_falls_back_to_a_full_sort_when_the_head_is_too_light() -> None:
     probs = np.full(1000, 1.0)
     masked = _top_p_mask(probs, 0.9)
     assert np.count_nonzero(masked) == 900
+
+
+def test_top_k_keeps_the_k_likeliest_and_one_is_greedy() -> None:
+    probs = np.array([0.1, 0.4, 0.05, 0.3, 0.15])
+    assert set(np.flatnonzero(_top_k_mask(probs, 2))) == {1, 3}
+    logits = np.log(np.array([[0.3, 0.35, 0.35 - 1e-3]], np.float32))
+    s = state(seed=0, top_k=1)
+    assert {sample(logits, [s])[0].token_id for _ in range(100)} == {1}
 
 
 def test_same_seed_same_tokens() -> None:
