@@ -83,6 +83,7 @@ class EmbeddingsService:
             if request.model in self.chat_models:
                 raise wrong_endpoint(request.model, "a chat model", "/v1/embeddings")
             raise model_not_found(request.model)
+        self.books.check_key(key_id, model=request.model)  # expired, or a model it may not use
         inputs = await _token_lists(engine, request)
         if request.dimensions is not None and request.dimensions > engine.dimensions:
             raise invalid_request(

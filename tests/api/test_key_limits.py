@@ -18,6 +18,7 @@ from sqlmodel import Session
 
 from billing import key_limits, keys, ledger
 from billing.db import session_scope
+from tests.api.conftest import DEMO_MODEL
 from tests.factories import make_account
 from tests.faults import poll
 
@@ -204,6 +205,24 @@ def test_a_model_outside_the_keys_list_is_a_403_naming_model(
     assert refused.value.code == "model_not_allowed"
     assert "may not use the model 'demo'; it may use: big, small" in refused.value.message
     assert allowed[0].usage.total_tokens > 0
+
+
+def test_an_embedding_model_outside_the_keys_list_is_a_403_naming_model(
+    start_server, make_client, engine, secret_key
+):
+    embed = DEMO_MODEL.parent / "demo-embed"
+    server = start_server(key_cache_seconds=0.1, models=f"demo={DEMO_MODEL},demo-embed={embed}")
+    key, key_id, account_id = new_key(engine, secret_key)
+    limit(engine, account_id, key_id, "models demo")
+    client = make_client(server, key)
+
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        client.embeddings.create(model="demo-embed", input="hello")
+
+    assert refused.value.body["param"] == "model"  # type: ignore[index]
+    assert "may not use the model 'demo-embed'; it may use: demo" in refused.value.message
+    with session_scope(engine) as session:
+        assert ledger.get_balance(session=session, account_id=account_id).used == 0
 
 
 def test_rpm_and_tpm_answer_429_with_retry_after(limited, make_client, engine, secret_key):
