@@ -21,13 +21,11 @@ from telegram.error import TelegramError
 from telegram.ext import ContextTypes
 
 from billing import subscriptions
-from billing.errors import UnknownPack
-from billing.models import Order, Subscription, utcnow
+from billing.models import Subscription, utcnow
 from billing.packs import STARS_CURRENCY
 from billing.plans import find_plan
-from billing.purchases import create_order
 from bot import keyboards
-from bot.handlers.shop import INVOICE_DESCRIPTION_LIMIT, INVOICE_TITLE_LIMIT, show_packs
+from bot.handlers.shop import INVOICE_DESCRIPTION_LIMIT, INVOICE_TITLE_LIMIT, order_tapped
 from bot.runtime import Runtime, account_of, lang, runtime
 from bot.texts import Html, Lang, lines, number, plain, t, when
 
@@ -36,30 +34,18 @@ logger = logging.getLogger(__name__)
 
 async def on_plan(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
     """A plan was tapped: create its order and send the subscription's invoice link."""
-    query = update.callback_query
-    assert query is not None and query.data is not None and update.effective_chat is not None
-    await query.answer()
-    shop = runtime(context)
+    assert update.effective_chat is not None
+    tapped = await order_tapped(
+        update,
+        context,
+        choose=lambda shop, plan_id: find_plan(shop.plans, plan_id),
+        prefix=keyboards.PLAN,
+        unknown="plan_unknown",
+    )
+    if tapped is None:
+        return
+    plan, order = tapped
     language = lang(update, context)
-    try:
-        plan = find_plan(shop.plans, query.data.removeprefix(keyboards.PLAN))
-    except UnknownPack:
-        await query.edit_message_text(
-            t(language, "plan_unknown"),
-            reply_markup=keyboards.packs(language, shop.catalog, shop.plans),
-        )
-        return
-    account = await account_of(update, context)
-    assert account.id is not None
-    account_id = account.id
-    if account.terms_accepted_at is None:
-        await show_packs(update, context)
-        return
-
-    def work(session: Session) -> Order:
-        return create_order(session=session, account_id=account_id, pack=plan)
-
-    order = await shop.run(work)
     tokens = number(language, order.tokens)
     link = await context.bot.create_invoice_link(
         title=plain(language, "plan_invoice_title", title=order.pack_title, tokens=tokens)[

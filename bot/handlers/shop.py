@@ -8,6 +8,9 @@ id, and a forged or replayed invoice cannot name a price of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from sqlmodel import Session
 from telegram import LabeledPrice, Update
 from telegram.ext import ContextTypes
@@ -15,7 +18,7 @@ from telegram.ext import ContextTypes
 from billing import accounts
 from billing.errors import UnknownPack
 from billing.models import Order
-from billing.packs import STARS_CURRENCY, find_pack
+from billing.packs import STARS_CURRENCY, Pack, find_pack
 from billing.purchases import create_order
 from bot import keyboards
 from bot.runtime import Runtime, account_of, lang, runtime
@@ -23,6 +26,7 @@ from bot.texts import Html, Lang, lines, number, plain, t
 
 INVOICE_TITLE_LIMIT = 32  # Telegram's limits for an invoice
 INVOICE_DESCRIPTION_LIMIT = 255
+P = TypeVar("P", bound=Pack)  # a pack, or a plan
 
 
 async def show_packs(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -70,32 +74,56 @@ async def on_accept_terms(update: Update, context: ContextTypes.DEFAULT_TYPE) ->
     )
 
 
-async def on_pack(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-    """A pack was tapped: create its order and send the Stars invoice."""
+async def order_tapped(
+    update: Update,
+    context: ContextTypes.DEFAULT_TYPE,
+    *,
+    choose: Callable[[Runtime, str], P],
+    prefix: str,
+    unknown: str,
+) -> tuple[P, Order] | None:
+    """The pack or plan a buyer tapped (`choose` finds it by the id after `prefix`) and its
+    new order; None when it is not on sale (the shop is shown again, with `unknown`) or the
+    terms are not accepted yet (they are asked for)."""
     query = update.callback_query
-    assert query is not None and query.data is not None and update.effective_chat is not None
+    assert query is not None and query.data is not None
     await query.answer()
     shop = runtime(context)
     language = lang(update, context)
     try:
-        pack = find_pack(shop.catalog, query.data.removeprefix(keyboards.PACK))
+        item = choose(shop, query.data.removeprefix(prefix))
     except UnknownPack:
         await query.edit_message_text(
-            t(language, "pack_unknown"),
-            reply_markup=keyboards.packs(language, shop.catalog, shop.plans),
+            t(language, unknown), reply_markup=keyboards.packs(language, shop.catalog, shop.plans)
         )
-        return
+        return None
     account = await account_of(update, context)
     assert account.id is not None
     account_id = account.id
     if account.terms_accepted_at is None:
         await show_packs(update, context)
-        return
+        return None
 
     def work(session: Session) -> Order:
-        return create_order(session=session, account_id=account_id, pack=pack)
+        return create_order(session=session, account_id=account_id, pack=item)
 
-    order = await shop.run(work)
+    return item, await shop.run(work)
+
+
+async def on_pack(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """A pack was tapped: create its order and send the Stars invoice."""
+    assert update.effective_chat is not None
+    tapped = await order_tapped(
+        update,
+        context,
+        choose=lambda shop, pack_id: find_pack(shop.catalog, pack_id),
+        prefix=keyboards.PACK,
+        unknown="pack_unknown",
+    )
+    if tapped is None:
+        return
+    _, order = tapped
+    language = lang(update, context)
     tokens = number(language, order.tokens)
     await context.bot.send_invoice(
         chat_id=update.effective_chat.id,
