@@ -455,6 +455,24 @@ class ChatService:
         await self.books.store_idempotency(account_id, key, 200, body)
         return 200, body
 
+    async def started_outputs(
+        self, prepared: PreparedChat
+    ) -> tuple[AsyncGenerator[tuple[int, GenerationOutput]], Any]:
+        """For another front door's stream: `_outputs` once the engine accepted the request,
+        with its first item (a keep-alive or an output); a refusal is raised with the request
+        closed, so that error still gets its HTTP status. `close` ends the outputs if the
+        stream never runs."""
+        outputs = self._outputs(prepared, keepalive=self.settings.keepalive_seconds)
+        try:
+            first = await anext(outputs)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await outputs.aclose()
+            await self.close(prepared)
+            raise
+        prepared.outputs = outputs
+        return outputs, first
+
     def outputs(
         self, prepared: PreparedChat, keepalive: float | None
     ) -> AsyncGenerator[tuple[int, GenerationOutput]]:

@@ -123,15 +123,7 @@ class ResponsesService:
     async def start_stream(self, prepared: PreparedResponse) -> AsyncIterator[str]:
         """Wait for the engine to accept the request (or refuse it: that error still gets its
         HTTP status), then hand back the SSE events."""
-        outputs = self.chat.outputs(prepared.chat, keepalive=self.settings.keepalive_seconds)
-        try:
-            first = await anext(outputs)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await outputs.aclose()
-            await self.chat.close(prepared.chat)
-            raise
-        prepared.chat.outputs = outputs  # `close` ends it if the stream never runs
+        outputs, first = await self.chat.started_outputs(prepared.chat)
         prepared.events = self._stream(prepared, outputs, first)
         return prepared.events
 
