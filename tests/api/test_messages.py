@@ -26,19 +26,11 @@ from sqlmodel import Session, select
 from billing.models import Hold, LedgerEntry
 from tests.api.conftest import DEMO_MODEL, LiveServer
 from tests.api.test_fuzzing import EXAMPLES, schema  # noqa: F401 (a fixture)
-from tests.api.test_responses import BreakingEngine
+from tests.api.test_responses import WEATHER_PARAMETERS, BreakingEngine
 from tests.faults import GatedEngine, demo_engine
 
 HELLO = [{"role": "user", "content": "Hello there, how are the tokens today?"}]
-WEATHER_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 24},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
+WEATHER_SCHEMA = WEATHER_PARAMETERS  # the Responses tests' tool, in Anthropic's shape below
 WEATHER = {
     "name": "get_weather",
     "description": "The forecast for a city.",
