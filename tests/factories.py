@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import itertools
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from billing import keys, ledger
+from billing import key_limits, keys, ledger
 from billing.db import session_scope
 from billing.models import Account, Purchase
 from billing.packs import Pack
@@ -91,3 +91,19 @@ def bill_request(
                 prompt_tokens=cost if prompt_tokens is None else prompt_tokens,
                 completion_tokens=completion_tokens,
             )
+
+
+def limit_key(
+    engine: Engine, account_id: int, key_id: int, text: str, now: datetime | None = None
+) -> None:
+    """Set a key's limits as the bot and the Mini App do, from text (`spend 500 daily; rpm 3`)."""
+    clear, changes = key_limits.parse(text)
+    with session_scope(engine) as session:
+        key_limits.set_limits(
+            session=session,
+            account_id=account_id,
+            key_id=key_id,
+            clear=clear,
+            changes=changes,
+            now=now or datetime.now(UTC),
+        )

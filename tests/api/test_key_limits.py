@@ -16,10 +16,10 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from billing import key_limits, keys, ledger
+from billing import keys, ledger
 from billing.db import session_scope
 from tests.api.conftest import DEMO_MODEL
-from tests.factories import make_account
+from tests.factories import limit_key, make_account
 from tests.faults import poll
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -34,20 +34,6 @@ def new_key(engine: Engine, secret_key: bytes, tokens: int = 1_000_000) -> tuple
         writer.commit()
         assert row.id is not None
         return key, row.id, account.id
-
-
-def limit(engine: Engine, account_id: int, key_id: int, text: str) -> None:
-    """Set limits as the bot does, from text (`spend 500 daily; rpm 3`)."""
-    clear, changes = key_limits.parse(text)
-    with session_scope(engine) as session:
-        key_limits.set_limits(
-            session=session,
-            account_id=account_id,
-            key_id=key_id,
-            clear=clear,
-            changes=changes,
-            now=datetime.now(UTC),
-        )
 
 
 def key_info(server: Any, key: str) -> dict[str, Any]:
@@ -89,7 +75,7 @@ async def _burst(server: Any, key: str, count: int, max_tokens: int) -> list[Any
 
 def test_forty_requests_at_once_never_spend_past_a_daily_limit_of_500(limited, engine, secret_key):
     key, key_id, account_id = new_key(engine, secret_key)
-    limit(engine, account_id, key_id, "spend 500 daily")
+    limit_key(engine, account_id, key_id, "spend 500 daily")
 
     answers = asyncio.run(_burst(limited, key, 40, max_tokens=24))
 
@@ -118,7 +104,7 @@ def test_a_daily_limit_starts_again_at_midnight_utc(limited, make_client, engine
     client = make_client(limited, key)
     first = client.chat.completions.create(model="demo", messages=HELLO, max_tokens=8)
     spent = first.usage.total_tokens
-    limit(engine, account_id, key_id, f"spend {spent} daily")  # all of today's is spent
+    limit_key(engine, account_id, key_id, f"spend {spent} daily")  # all of today's is spent
     with pytest.raises(openai.RateLimitError) as refused:
         client.chat.completions.create(model="demo", messages=HELLO, max_tokens=8)
     assert refused.value.code == "insufficient_quota"
@@ -138,7 +124,7 @@ def test_a_daily_limit_starts_again_at_midnight_utc(limited, make_client, engine
 
 def test_a_rotated_key_keeps_its_limits_and_its_spend(limited, make_client, engine, secret_key):
     key, key_id, account_id = new_key(engine, secret_key)
-    limit(engine, account_id, key_id, "spend 400 total; rpm 50")
+    limit_key(engine, account_id, key_id, "spend 400 total; rpm 50")
     client = make_client(limited, key)
     spent = client.chat.completions.create(model="demo", messages=HELLO, max_tokens=8)
 
@@ -158,7 +144,7 @@ def test_an_expired_key_is_refused_as_expired(limited, make_client, engine, secr
     key, key_id, account_id = new_key(engine, secret_key)
     client = make_client(limited, key)
     client.chat.completions.create(model="demo", messages=HELLO, max_tokens=2)  # cached now
-    limit(engine, account_id, key_id, "expires 2026-01-31")
+    limit_key(engine, account_id, key_id, "expires 2026-01-31")
 
     with pytest.raises(openai.AuthenticationError) as refused:
         client.chat.completions.create(model="demo", messages=HELLO, max_tokens=2)
@@ -180,14 +166,14 @@ def test_a_model_outside_the_keys_list_is_a_403_naming_model(
     limited, make_client, engine, secret_key
 ):
     key, key_id, account_id = new_key(engine, secret_key)
-    limit(engine, account_id, key_id, "models big,small")
+    limit_key(engine, account_id, key_id, "models big,small")
     client = make_client(limited, key)
 
     with pytest.raises(openai.PermissionDeniedError) as refused:
         client.chat.completions.create(model="demo", messages=HELLO, max_tokens=2)
     with pytest.raises(openai.PermissionDeniedError):
         client.responses.create(model="demo", input="hello", max_output_tokens=16)
-    limit(engine, account_id, key_id, "models demo")
+    limit_key(engine, account_id, key_id, "models demo")
     allowed: list[Any] = []
 
     def served() -> bool:  # once the cached list (a tenth of a second) is gone
@@ -213,7 +199,7 @@ def test_an_embedding_model_outside_the_keys_list_is_a_403_naming_model(
     embed = DEMO_MODEL.parent / "demo-embed"
     server = start_server(key_cache_seconds=0.1, models=f"demo={DEMO_MODEL},demo-embed={embed}")
     key, key_id, account_id = new_key(engine, secret_key)
-    limit(engine, account_id, key_id, "models demo")
+    limit_key(engine, account_id, key_id, "models demo")
     client = make_client(server, key)
 
     with pytest.raises(openai.PermissionDeniedError) as refused:
@@ -227,7 +213,7 @@ def test_an_embedding_model_outside_the_keys_list_is_a_403_naming_model(
 
 def test_rpm_and_tpm_answer_429_with_retry_after(limited, make_client, engine, secret_key):
     key, key_id, account_id = new_key(engine, secret_key)
-    limit(engine, account_id, key_id, "rpm 3")
+    limit_key(engine, account_id, key_id, "rpm 3")
     client = make_client(limited, key)
     for _ in range(3):
         client.chat.completions.create(model="demo", messages=HELLO, max_tokens=2)
@@ -235,7 +221,7 @@ def test_rpm_and_tpm_answer_429_with_retry_after(limited, make_client, engine, s
         client.chat.completions.create(model="demo", messages=HELLO, max_tokens=2)
 
     other, other_id, other_account = new_key(engine, secret_key)
-    limit(engine, other_account, other_id, "tpm 60")
+    limit_key(engine, other_account, other_id, "tpm 60")
     tokens = make_client(limited, other)
     tokens.chat.completions.create(model="demo", messages=HELLO, max_tokens=50)
     with pytest.raises(openai.RateLimitError) as by_tokens:
@@ -258,12 +244,12 @@ def test_on_v1_messages_each_refusal_is_anthropics_exception(limited, engine, se
     ask = {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     spent = client.messages.create(**ask).usage  # type: ignore[call-overload]
 
-    limit(engine, account_id, key_id, f"spend {spent.input_tokens + spent.output_tokens} total")
+    limit_key(engine, account_id, key_id, f"spend {spent.input_tokens + spent.output_tokens} total")
     with pytest.raises(anthropic.RateLimitError) as by_spend:
         client.messages.create(**ask)  # type: ignore[call-overload]
-    limit(engine, account_id, key_id, "clear; models other")
+    limit_key(engine, account_id, key_id, "clear; models other")
     poll(lambda: _refused(client, ask, anthropic.PermissionDeniedError), within=2, what="403")
-    limit(engine, account_id, key_id, "clear; expires 2026-01-01")
+    limit_key(engine, account_id, key_id, "clear; expires 2026-01-01")
     poll(lambda: _refused(client, ask, anthropic.AuthenticationError), within=2, what="401")
     client.close()
 

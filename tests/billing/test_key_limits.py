@@ -19,7 +19,7 @@ from billing.db import session_scope
 from billing.errors import InvalidLimits, KeyLimitReached, KeyRateLimited
 from billing.key_limits import Limits, parse, period_start, resets_at
 from billing.models import KeyLimit
-from tests.factories import make_account
+from tests.factories import limit_key, make_account
 
 TTL = timedelta(minutes=5)
 _ids = itertools.count()
@@ -34,19 +34,6 @@ def funded_key(engine: Engine, secret_key: bytes, tokens: int = 1_000_000) -> tu
         writer.commit()
         assert row.id is not None
         return account.id, row.id
-
-
-def set_limits(engine: Engine, account_id: int, key_id: int, text: str, now: datetime) -> None:
-    clear, changes = parse(text)
-    with session_scope(engine) as session:
-        key_limits.set_limits(
-            session=session,
-            account_id=account_id,
-            key_id=key_id,
-            clear=clear,
-            changes=changes,
-            now=now,
-        )
 
 
 def hold(
@@ -109,7 +96,7 @@ def test_sixty_four_holds_at_once_never_reserve_past_the_keys_limit(
 ) -> None:
     account_id, key_id = funded_key(engine, secret_key)
     now = datetime.now(UTC)
-    set_limits(engine, account_id, key_id, "spend 500 daily", now)
+    limit_key(engine, account_id, key_id, "spend 500 daily", now)
     start = threading.Barrier(64)
 
     def one(_: int) -> int:
@@ -135,7 +122,7 @@ def test_a_daily_limit_resets_at_midnight_and_a_late_request_counts_in_its_own_d
 ) -> None:
     account_id, key_id = funded_key(engine, secret_key)
     evening = datetime(2026, 11, 28, 23, 59, tzinfo=UTC)
-    set_limits(engine, account_id, key_id, "spend 100 daily", evening)
+    limit_key(engine, account_id, key_id, "spend 100 daily", evening)
     settle(engine, hold(engine, account_id, key_id, 60, now=evening), 60)
     late = hold(engine, account_id, key_id, 40, now=evening)  # still running at midnight
     with pytest.raises(KeyLimitReached) as refused:
@@ -160,7 +147,7 @@ def test_a_limit_set_at_noon_counts_the_mornings_spend(engine: Engine, secret_ke
     now = datetime.now(UTC)
     settle(engine, hold(engine, account_id, key_id, 300), 250)
 
-    set_limits(engine, account_id, key_id, "spend 400 daily", now)
+    limit_key(engine, account_id, key_id, "spend 400 daily", now)
 
     with pytest.raises(KeyLimitReached):
         hold(engine, account_id, key_id, 151)
@@ -175,7 +162,7 @@ def test_rpm_counts_requests_and_tpm_gives_back_what_a_hold_did_not_use(
 ) -> None:
     account_id, key_id = funded_key(engine, secret_key)
     now = datetime(2026, 11, 28, 12, 0, 10, tzinfo=UTC)
-    set_limits(engine, account_id, key_id, "rpm 2; tpm 100", now)
+    limit_key(engine, account_id, key_id, "rpm 2; tpm 100", now)
     first = hold(engine, account_id, key_id, 90, now=now)
     settle(engine, first, 10)  # 80 unused go back to the minute
     hold(engine, account_id, key_id, 50, now=now + timedelta(seconds=5))
@@ -183,7 +170,7 @@ def test_rpm_counts_requests_and_tpm_gives_back_what_a_hold_did_not_use(
         hold(engine, account_id, key_id, 1, now=now + timedelta(seconds=20))
     assert (by_requests.value.kind, by_requests.value.retry_after) == ("requests", 40)
 
-    set_limits(engine, account_id, key_id, "rpm off", now)
+    limit_key(engine, account_id, key_id, "rpm off", now)
     with pytest.raises(KeyRateLimited) as by_tokens:
         hold(engine, account_id, key_id, 41, now=now + timedelta(seconds=30))  # 10 + 50 + 41
     assert by_tokens.value.kind == "tokens" and by_tokens.value.retry_after == 30
