@@ -20,13 +20,16 @@ from typing import Any
 import httptools
 
 CONTENT_DELTA = b'"finish_reason":null'  # every chunk but the last of a choice and the usage
+# The opening chunk, which the server sends with its first keep-alive when a long prompt's
+# prefill outlasts KEEPALIVE_SECONDS: no token yet, so it is not the first token's time.
+ROLE_ONLY = b'"delta":{"role":"assistant","content":""}'
 
 
 @dataclass
 class StreamTimes:
     """When a streamed completion's events arrived (`time.perf_counter`) and what they said."""
 
-    first: float = 0.0  # the first event: the first token exists
+    first: float = 0.0  # the first event past the role chunk: the first token exists
     last: float = 0.0  # the event with a `finish_reason`: the last token
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -69,7 +72,7 @@ class _Reader(asyncio.Protocol):
 
     def _event(self, data: bytes, now: float) -> None:
         times = self.times
-        if not times.first:
+        if not times.first and ROLE_ONLY not in data:
             times.first = now
             if self.started is not None:
                 self.started.set()  # its first token exists: it is decoding now
