@@ -65,6 +65,7 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 COUNT_CACHE_SIZE = 16384  # texts whose token count is kept (`count_tokens`)
 COUNT_CACHE_CHARS = 32  # longer texts are counted each time
 DRAIN_SECONDS = 0.5  # for the end of a body after `[DONE]`, which servers send at once
+CALIBRATION_TRIES = 5  # start-up and health checks that may ask for `CALIBRATION`'s usage
 
 
 class _TryNext(Exception):
@@ -92,6 +93,7 @@ class UpstreamEngine(EngineClient):
         self.prompt_is_bound = self.tokenizer is None
         self.overhead = PromptOverhead()  # what its template counts beyond ours
         self._calibrated = False
+        self._calibration_tries = 0
         self._client: httpx.AsyncClient | None = None  # health checks
         self._pool: http.Pool | None = None  # chat completions
         self._health: asyncio.Task[None] | None = None
@@ -345,8 +347,18 @@ class UpstreamEngine(EngineClient):
 
     async def _calibrate(self) -> None:
         """Learn what an upstream's template adds to our prompt count (`prompt_count.py`)
-        from its usage of one-token answers to `CALIBRATION`, once one is up."""
+        from its usage of one-token answers to `CALIBRATION`, once one is up; after
+        `CALIBRATION_TRIES` failed tries, holds keep their margin and answers teach it."""
         assert self._client is not None
+        self._calibration_tries += 1
+        if self._calibration_tries > CALIBRATION_TRIES:
+            logger.warning(
+                "upstream model %s gave no usage to calibrate by: its prompts are held with a "
+                "margin until its answers report usage",
+                self.model_id,
+            )
+            self._calibrated = True
+            return
         timeout = httpx.Timeout(self.timeouts.first_token, connect=self.timeouts.connect)
         for messages in CALIBRATION:
             backend = next((b for b in self.pool if b.up), None)
