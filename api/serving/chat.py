@@ -362,15 +362,7 @@ class ChatService:
     async def start_stream(self, prepared: PreparedChat) -> AsyncIterator[str]:
         """Wait for the engine to accept the request (or refuse it: that error still gets its
         HTTP status), then hand back the SSE events."""
-        outputs = self._outputs(prepared, keepalive=self.settings.keepalive_seconds)
-        try:
-            first = await anext(outputs)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await outputs.aclose()
-            await self._settle_shielded(prepared)
-            raise
-        prepared.outputs = outputs
+        outputs, first = await self.started_outputs(prepared)
         prepared.events = self._stream(prepared, outputs, first)
         return prepared.events
 
@@ -458,10 +450,10 @@ class ChatService:
     async def started_outputs(
         self, prepared: PreparedChat
     ) -> tuple[AsyncGenerator[tuple[int, GenerationOutput]], Any]:
-        """For another front door's stream: `_outputs` once the engine accepted the request,
-        with its first item (a keep-alive or an output); a refusal is raised with the request
-        closed, so that error still gets its HTTP status. `close` ends the outputs if the
-        stream never runs."""
+        """For a stream, this one's or another front door's: `_outputs` once the engine
+        accepted the request, with its first item (a keep-alive or an output); a refusal is
+        raised with the request closed, so that error still gets its HTTP status. `close` ends
+        the outputs if the stream never runs."""
         outputs = self._outputs(prepared, keepalive=self.settings.keepalive_seconds)
         try:
             first = await anext(outputs)
