@@ -1,4 +1,5 @@
-"""`UpstreamEngine`: a model served by one or more OpenAI-compatible servers.
+"""`UpstreamEngine`: a chat model served by one or more OpenAI-compatible servers (their
+health, choice and refusals: `servers.py`, shared with embedding models).
 
 Each choice of a request is one upstream chat completion. A request goes to a healthy upstream
 with the fewest requests in flight; a refused connection, a 5xx, a 429 or no first token within
@@ -36,11 +37,8 @@ from api.engine.errors import (
     ContextLengthExceeded,
     ModelLoadError,
     UpstreamFailed,
-    UpstreamRejected,
-    UpstreamUnavailable,
 )
 from api.engine.protocol import (
-    BackendStats,
     ChatMessage,
     EngineClient,
     EngineStats,
@@ -53,14 +51,12 @@ from api.engine.text.chat_template import ChatTemplate
 from api.engine.text.tokenizer import TokenizerWrapper
 from api.engine.upstream import http, messages_wire, wire
 from api.engine.upstream.backend import Backend
-from api.engine.upstream.config import DEFAULT_CONTEXT_LENGTH, UpstreamConfig, UpstreamTimeouts
+from api.engine.upstream.config import UpstreamConfig, UpstreamTimeouts
 from api.engine.upstream.prompt_count import CALIBRATION, PromptOverhead
+from api.engine.upstream.servers import TryNext, UpstreamServers
 
 logger = logging.getLogger("tokenshop.upstream")
 
-# Statuses that say "this upstream cannot take it now", not "this request is wrong".
-_RETRY_STATUSES = {401, 403, 408, 429}
-_REJECT_AS_400 = {422}
 _ID_ALPHABET = string.ascii_letters + string.digits
 COUNT_CACHE_SIZE = 16384  # texts whose token count is kept (`count_tokens`)
 COUNT_CACHE_CHARS = 32  # longer texts are counted each time
@@ -68,24 +64,9 @@ DRAIN_SECONDS = 0.5  # for the end of a body after `[DONE]`, which servers send 
 CALIBRATION_TRIES = 5  # start-up and health checks that may ask for `CALIBRATION`'s usage
 
 
-class _TryNext(Exception):
-    """This upstream failed before the first token; the request goes to the next one."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-
-
-class UpstreamEngine(EngineClient):
+class UpstreamEngine(UpstreamServers, EngineClient):
     def __init__(self, config: UpstreamConfig, *, timeouts: UpstreamTimeouts | None = None):
-        if not config.upstreams:
-            raise ModelLoadError(f"model {config.name!r}: upstreams is empty")
-        self.model_id = config.name
-        self.config = config
-        self.timeouts = timeouts or UpstreamTimeouts()
-        self.pool = [Backend(url) for url in config.upstreams]
-        self.context_length = config.context_length or DEFAULT_CONTEXT_LENGTH
-        self.created = int(time.time())
+        super().__init__(config, timeouts=timeouts)
         self.tokenizer: TokenizerWrapper | None = None
         self.chat_template: ChatTemplate | None = None
         if config.tokenizer is not None:
@@ -94,10 +75,6 @@ class UpstreamEngine(EngineClient):
         self.overhead = PromptOverhead()  # what its template counts beyond ours
         self._calibrated = False
         self._calibration_tries = 0
-        self._client: httpx.AsyncClient | None = None  # health checks
-        self._pool: http.Pool | None = None  # chat completions
-        self._health: asyncio.Task[None] | None = None
-        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self._completed = 0
         self._counts: dict[str, int] = {}  # `count_tokens`' short texts
 
@@ -135,10 +112,6 @@ class UpstreamEngine(EngineClient):
     async def abort(self, request_id: str) -> None:
         """Nothing to do: closing a request's stream closes its upstream connection."""
 
-    async def check_health(self) -> None:
-        if not any(backend.up for backend in self.pool):
-            raise UpstreamUnavailable(f"no upstream of model {self.model_id!r} is up")
-
     def stats(self) -> EngineStats:
         in_flight = sum(backend.in_flight for backend in self.pool)
         return EngineStats(
@@ -148,30 +121,11 @@ class UpstreamEngine(EngineClient):
             steps=self._completed,
         )
 
-    def backends(self) -> list[BackendStats]:
-        return [backend.stats() for backend in self.pool]
-
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=self.timeouts.connect),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=len(self.pool)),
-            trust_env=False,  # like the requests' pool: straight to the upstream
-        )
-        self._pool = http.Pool(connect_timeout=self.timeouts.connect)
-        await self._check_all()
+        await self._open()
         if not self.prompt_is_bound:  # before the first request is counted
             await self._calibrate()
-        self._health = asyncio.create_task(self._check_forever(), name=f"health-{self.model_id}")
-
-    async def shutdown(self) -> None:
-        if self._health is not None:
-            self._health.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health
-        if self._client is not None:
-            await self._client.aclose()
-        if self._pool is not None:
-            self._pool.close()
+        self._watch()
 
     def count_tokens(self, text: str) -> int:
         """The tokenizer's count of `text`. A chunk is mostly one token, whose text recurs: short
@@ -187,13 +141,6 @@ class UpstreamEngine(EngineClient):
         return count
 
     # -- routing and failover ------------------------------------------------------------------
-
-    def _pick(self, tried: set[int]) -> int | None:
-        """The untried upstream with the fewest requests in flight, healthy ones first."""
-        left = [i for i in range(len(self.pool)) if i not in tried]
-        if not left:
-            return None
-        return min(left, key=lambda i: (not self.pool[i].up, self.pool[i].in_flight))
 
     async def _run(self, request: GenerationRequest) -> AsyncGenerator[GenerationOutput]:
         assert self._pool is not None, "start() the engine first"
@@ -212,27 +159,16 @@ class UpstreamEngine(EngineClient):
                 backend.up = True
                 self._completed += 1
                 return
-            except _TryNext as failure:
-                backend.errors[failure.kind] += 1
-                backend.failovers += 1
-                reasons.append(f"{backend.url}: {failure}")
-                logger.warning(
-                    "upstream %s failed before the first token of %s (%s); trying the next",
-                    backend.url,
-                    request.request_id,
-                    failure,
-                )
+            except TryNext as failure:
+                reasons.append(self._failed_over(backend, failure, request.request_id))
             finally:
                 backend.in_flight -= 1
-        raise UpstreamUnavailable(
-            f"No upstream server of model '{self.model_id}' could take the request "
-            f"({len(reasons)} tried). Please retry shortly."
-        )
+        raise self._unavailable(len(reasons))
 
     async def _attempt(
         self, backend: Backend, request: GenerationRequest, tally: _Tally
     ) -> AsyncGenerator[GenerationOutput]:
-        """One upstream's answer; raises `_TryNext` for a failure before the first token."""
+        """One upstream's answer; raises `TryNext` for a failure before the first token."""
         assert self._pool is not None
         started = time.monotonic()
         # a Messages request to an upstream that serves Messages goes as the client sent it
@@ -266,11 +202,11 @@ class UpstreamEngine(EngineClient):
                         first = await _first_piece(response, parse)
             except http.ConnectFailed as exc:
                 backend.up = False
-                raise _TryNext("connect", str(exc)) from None
+                raise TryNext("connect", str(exc)) from None
             except (TimeoutError, http.ReadTimeout):
-                raise _TryNext("timeout", "no first token in time") from None
+                raise TryNext("timeout", "no first token in time") from None
             except (http.BrokenOff, ValueError, _StreamEnded) as exc:
-                raise _TryNext("cut", type(exc).__name__) from None
+                raise TryNext("cut", type(exc).__name__) from None
             backend.up = True
             if first.text or first.finish_reason or first.tool_calls:
                 backend.observe_ttft(time.monotonic() - started)
@@ -315,35 +251,11 @@ class UpstreamEngine(EngineClient):
             if response is not None:
                 await response.aclose()  # unread: the connection closes, generation stops
 
-    async def _refuse_unless_ok(self, backend: Backend, response: http.Response) -> None:
-        status = response.status
-        if status == 200:
-            return
-        body = await response.read()
-        try:
-            document: Any = json.loads(body)
-        except ValueError:
-            document = None
-        if status >= 500 or status in _RETRY_STATUSES:
-            if status in (401, 403):
-                logger.error("upstream %s refused our credentials (%d)", backend.url, status)
-            raise _TryNext("status", f"status {status}")
-        param, code = wire.error_fields(document)
-        raise UpstreamRejected(
-            400 if status in _REJECT_AS_400 or status < 400 else status,
-            wire.error_message(document),
-            param=param,
-            code=code,
-        )
-
     # -- health --------------------------------------------------------------------------------
 
-    async def _check_forever(self) -> None:
-        while True:
-            if not self.prompt_is_bound and not self._calibrated:
-                await self._calibrate()
-            await asyncio.sleep(self.timeouts.health_every)
-            await self._check_all()
+    async def _between_checks(self) -> None:
+        if not self.prompt_is_bound and not self._calibrated:
+            await self._calibrate()
 
     async def _calibrate(self) -> None:
         """Learn what an upstream's template adds to our prompt count (`prompt_count.py`)
@@ -389,39 +301,6 @@ class UpstreamEngine(EngineClient):
                 len(messages),
             )
         self._calibrated = True
-
-    async def _check_all(self) -> None:
-        await asyncio.gather(*(self._check(backend) for backend in self.pool))
-
-    async def _check(self, backend: Backend) -> None:
-        """`GET /models`: up if it answers 200; its `max_model_len`, where it gives one, is the
-        context length unless the models file set one."""
-        assert self._client is not None
-        try:
-            response = await self._client.get(
-                f"{backend.url}/models",
-                headers=self._headers,
-                timeout=httpx.Timeout(self.timeouts.connect + 2, connect=self.timeouts.connect),
-            )
-        except httpx.HTTPError as exc:
-            if backend.up:
-                logger.warning("upstream %s is down: %s", backend.url, type(exc).__name__)
-            backend.up = False
-            return
-        was_up, backend.up = backend.up, response.status_code == 200
-        if was_up != backend.up:
-            logger.warning(
-                "upstream %s is %s", backend.url, "up" if backend.up else f"down ({response})"
-            )
-        if backend.up and self.config.context_length is None:
-            self._learn_context_length(response)
-
-    def _learn_context_length(self, response: httpx.Response) -> None:
-        with contextlib.suppress(ValueError, AttributeError, TypeError):
-            for model in response.json().get("data", []):
-                length = model.get("max_model_len")
-                if model.get("id") == self.config.upstream_model and isinstance(length, int):
-                    self.context_length = length
 
 
 class _StreamEnded(Exception):
