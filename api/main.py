@@ -61,7 +61,7 @@ def create_app(
     models)."""
     engine_map: dict[str, EngineClient] = {}
     embedder_map: dict[str, EmbeddingClient] = {}
-    metrics = Metrics(engine_map)
+    metrics = Metrics(engine_map, embedder_map)
     lifecycle = Lifecycle(grace_seconds=settings.shutdown_grace_seconds)
 
     @asynccontextmanager
@@ -208,7 +208,7 @@ async def _load_all(settings: ApiSettings) -> LoadedModels:
 def _load_models_file(settings: ApiSettings, config: EngineConfig) -> LoadedModels:
     """MODELS_FILE's models (it replaces MODELS): local exports and upstream servers."""
     from api.engine.registry import LoadedModels, load_export
-    from api.engine.upstream import UpstreamEngine, UpstreamTimeouts
+    from api.engine.upstream import UpstreamEmbeddingEngine, UpstreamEngine, UpstreamTimeouts
     from api.models_file import LocalModel, read_models_file
 
     assert settings.models_file
@@ -223,6 +223,8 @@ def _load_models_file(settings: ApiSettings, config: EngineConfig) -> LoadedMode
         if isinstance(entry, LocalModel):
             model = load_export(entry.name, entry.path, config, truncate=entry.truncate)
             loaded.add(entry.name, model)
+        elif entry.kind == "embedding":
+            loaded.add(entry.name, UpstreamEmbeddingEngine(entry, timeouts=timeouts))
         else:
             loaded.add(entry.name, UpstreamEngine(entry, timeouts=timeouts))
     return loaded

@@ -20,6 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
+from api.engine.embedding.protocol import EmbeddingClient
 from api.engine.protocol import EngineClient
 from billing import reports
 from billing.db import reading, session_scope
@@ -29,7 +30,11 @@ logger = logging.getLogger("tokenshop.api")
 
 
 class Metrics:
-    def __init__(self, engines: Mapping[str, EngineClient]) -> None:
+    def __init__(
+        self,
+        engines: Mapping[str, EngineClient],
+        embedders: Mapping[str, EmbeddingClient] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "tokenshop_requests",
@@ -66,7 +71,7 @@ class Metrics:
         )
         self.books = _BooksCollector()
         self.registry.register(_EngineCollector(engines))
-        self.registry.register(_UpstreamCollector(engines))
+        self.registry.register(_UpstreamCollector(engines, {} if embedders is None else embedders))
         self.registry.register(self.books)
 
     async def read_books(self, db: Engine) -> None:
@@ -184,8 +189,11 @@ class _EngineCollector(Collector):
 class _UpstreamCollector(Collector):
     """Each upstream server of each model, labelled by its URL (which never holds a key)."""
 
-    def __init__(self, engines: Mapping[str, EngineClient]) -> None:
+    def __init__(
+        self, engines: Mapping[str, EngineClient], embedders: Mapping[str, EmbeddingClient]
+    ) -> None:
         self.engines = engines
+        self.embedders = embedders
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "backend"]
@@ -213,8 +221,10 @@ class _UpstreamCollector(Collector):
             "From sending to the upstream to its first token.",
             labels=labels,
         )
-        for name, engine in self.engines.items():
-            for backend in engine.backends():
+        upstreams = {name: engine.backends() for name, engine in self.engines.items()}
+        upstreams |= {name: embedder.backends() for name, embedder in self.embedders.items()}
+        for name, backends in upstreams.items():
+            for backend in backends:
                 key = [name, backend.url]
                 up.add_metric(key, 1 if backend.up else 0)
                 in_flight.add_metric(key, backend.in_flight)

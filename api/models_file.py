@@ -20,6 +20,13 @@
     price_prompt = 1.0
     price_completion = 3.0
 
+    [[model]]
+    name = "bge-m3"
+    kind = "embedding"              # served at /v1/embeddings (default "chat")
+    upstreams = ["http://tei-a:8080/v1"]
+    dimensions = 1024               # optional: else learned from its first answer
+    batch_size = 32                 # optional: inputs per upstream request (TEI's default)
+
 Everything is checked at start-up, and an error names the model and the field. Prices are
 read by `billing.prices` (the bot shows the same table); docs/upstreams.md has the walk-through.
 """
@@ -36,6 +43,7 @@ from urllib.parse import urlsplit
 from api.engine.errors import ModelLoadError
 from api.engine.registry import PROJECT_ROOT
 from api.engine.upstream import UpstreamConfig
+from api.engine.upstream.config import DEFAULT_EMBEDDING_BATCH
 from billing.prices import PriceError, entry_price, read_models_toml
 
 FIELDS = {
@@ -50,6 +58,9 @@ FIELDS = {
     "price_prompt",
     "price_completion",
     "truncate",
+    "kind",
+    "dimensions",
+    "batch_size",
 }
 UPSTREAM_ONLY = (
     "upstreams",
@@ -58,7 +69,12 @@ UPSTREAM_ONLY = (
     "tokenizer",
     "context_length",
     "messages_api",
+    "kind",
+    "dimensions",
+    "batch_size",
 )
+EMBEDDING_ONLY = ("dimensions", "batch_size")
+KINDS = ("chat", "embedding")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -157,6 +173,14 @@ def _upstream(name: str, table: dict[str, Any]) -> UpstreamConfig:
     upstream_model = table.get("upstream_model", name)
     if not isinstance(upstream_model, str) or not upstream_model:
         raise ModelsFileError(f"model {name!r}: upstream_model must be a non-empty string")
+    kind = table.get("kind", "chat")
+    if kind not in KINDS:
+        raise ModelsFileError(f'model {name!r}: kind must be "chat" or "embedding"')
+    if kind == "chat" and (extra := [field for field in EMBEDDING_ONLY if field in table]):
+        raise ModelsFileError(f'model {name!r}: {extra[0]} applies only with kind = "embedding"')
+    if kind == "embedding" and table.get("messages_api", False):
+        raise ModelsFileError(f"model {name!r}: messages_api applies only to chat models")
+    dimensions = table.get("dimensions")
     return UpstreamConfig(
         name=name,
         upstreams=tuple(urls),
@@ -165,6 +189,9 @@ def _upstream(name: str, table: dict[str, Any]) -> UpstreamConfig:
         tokenizer=_tokenizer(name, table.get("tokenizer")),
         context_length=_context_length(name, table.get("context_length")),
         messages_api=_messages_api(name, table.get("messages_api", False)),
+        kind=kind,
+        dimensions=None if dimensions is None else _positive(name, "dimensions", dimensions),
+        batch_size=_positive(name, "batch_size", table.get("batch_size", DEFAULT_EMBEDDING_BATCH)),
     )
 
 
@@ -207,4 +234,10 @@ def _context_length(name: str, value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise ModelsFileError(f"model {name!r}: context_length must be a whole number above 1")
+    return value
+
+
+def _positive(name: str, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelsFileError(f"model {name!r}: {field} must be a whole number above 0")
     return value

@@ -50,14 +50,16 @@ async def ready(services: ServicesDep, request: Request) -> JSONResponse:
     served = bool(services.engines or services.embedders)
     ok = served and all(value == "ok" for value in checks.values())
     paths = {name: engine.serving_path() for name, engine in services.engines.items()}
+    upstreams = {name: engine.backends() for name, engine in services.engines.items()}
+    upstreams |= {name: embedder.backends() for name, embedder in services.embedders.items()}
     body = {
         "status": "ok" if ok else "unavailable",
         "checks": checks,
         "serving": {name: asdict(path) for name, path in paths.items() if path is not None},
         "backends": {  # each upstream server of a model, by URL
             name: {backend.url: "up" if backend.up else "down" for backend in backends}
-            for name, engine in services.engines.items()
-            if (backends := engine.backends())
+            for name, backends in upstreams.items()
+            if backends
         },
     }
     return JSONResponse(body, status_code=200 if ok else 503)

@@ -1,10 +1,13 @@
-"""Embeddings: check, tokenize, hold, embed, settle — chat's billing flow for one-shot work.
+"""Embeddings: check, count, hold, embed, settle — chat's billing flow for one-shot work.
 
-The hold is the request's exact cost (prompt tokens times the model's prompt price; nothing is
-generated), placed with the same `Books.hold` chat uses, so a key's balance and its limit of
-requests in flight cover both; it is settled with the same `Books.settle` once the vectors are
-made, before the answer is sent, and released if they never are (an error, the client gone). A
-settlement the database cannot take now is retried in the background until it lands, as chat's.
+The hold is the request's cost as its engine counts the inputs (prompt tokens times the model's
+prompt price; nothing is generated): exact for a local model or an upstream one with a
+tokenizer, an upper bound for an upstream without (`EmbeddingClient.prepare`). It is placed with
+the same `Books.hold` chat uses, so a key's balance and its limit of requests in flight cover
+both; it is settled with the same `Books.settle` once the vectors are made, at the prompt tokens
+the engine billed (an upstream's own usage, never more than held), before the answer is sent,
+and released if they never are (an error, an upstream's refusal, the client gone). A settlement
+the database cannot take now is retried in the background until it lands, as chat's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from anyio import to_thread
 
 from api.books import Books
 from api.engine.embedding.pooling import normalized
-from api.engine.embedding.protocol import EmbeddingClient
+from api.engine.embedding.protocol import EmbeddingClient, Prepared
 from api.errors import (
     DATABASE_UNAVAILABLE,
     OpenAIError,
@@ -84,15 +87,12 @@ class EmbeddingsService:
                 raise wrong_endpoint(request.model, "a chat model", "/v1/embeddings")
             raise model_not_found(request.model)
         self.books.check_key(key_id, model=request.model)  # expired, or a model it may not use
-        inputs = await _token_lists(engine, request)
-        if request.dimensions is not None and request.dimensions > engine.dimensions:
-            raise invalid_request(
-                f"dimensions is {request.dimensions}, more than this model's {engine.dimensions}.",
-                "dimensions",
-                "invalid_value",
-            )
-        prompt_tokens = sum(len(tokens) for tokens in inputs)
-        cost = self.prices.get(request.model, DEFAULT_PRICE).cost(prompt_tokens, 0)
+        prepared = await _prepared(engine, request)
+        if request.dimensions is not None and engine.dimensions is not None:
+            _check_dimensions(request.dimensions, engine.dimensions)
+        held_tokens = sum(prepared.counts)
+        price = self.prices.get(request.model, DEFAULT_PRICE)
+        cost = price.cost(held_tokens, 0)
         request_id = f"embd-{secrets.token_urlsafe(18)}"
         await self.books.hold(
             account_id=account_id,
@@ -102,13 +102,17 @@ class EmbeddingsService:
             max_cost=cost,
             model=request.model,
         )
-        charge = _Charge(request_id, account_id, cost, prompt_tokens)
         try:
-            vectors = await engine.embed(inputs)
+            embedded = await engine.run(prepared)
+            vectors = embedded.vectors
+            if request.dimensions is not None:  # an upstream's width is known from its answer
+                _check_dimensions(request.dimensions, vectors.shape[1])
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._release(charge)
+                await self._release(_Charge(request_id, account_id, cost, held_tokens))
             raise
+        prompt_tokens = min(embedded.prompt_tokens, held_tokens)
+        charge = _Charge(request_id, account_id, price.cost(prompt_tokens, 0), prompt_tokens)
         with anyio.CancelScope(shield=True):  # made: billed whether or not the client stays
             await self._settle(charge)
         self.metrics.tokens.labels(request.model, "prompt").inc(prompt_tokens)
@@ -171,8 +175,9 @@ class EmbeddingsService:
             task.cancel()
 
 
-async def _token_lists(engine: EmbeddingClient, request: EmbeddingRequest) -> list[list[int]]:
-    """Every input as tokens, within OpenAI's limits and the model's; errors name `input`."""
+async def _prepared(engine: EmbeddingClient, request: EmbeddingRequest) -> Prepared:
+    """Every input as its engine runs it, counted, within OpenAI's limits and the model's;
+    errors name `input`."""
     raw: Any = request.input
     items: list[Any]
     if isinstance(raw, str):
@@ -194,20 +199,22 @@ async def _token_lists(engine: EmbeddingClient, request: EmbeddingRequest) -> li
     if isinstance(items[0], str):
         texts: list[str] = items
         if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:
-            lists = engine.tokenize(texts)
+            prepared = engine.prepare(texts)
         else:
-            lists = await to_thread.run_sync(engine.tokenize, texts)
+            prepared = await to_thread.run_sync(engine.prepare, texts)
     else:
         lists = _checked_ids(engine, items)
-    _check_lengths(engine, lists)
-    return lists
+        prepared = Prepared(lists, [len(ids) for ids in lists])
+    if prepared.exact:  # an upper bound refuses nothing: the upstream counts and refuses
+        _check_lengths(engine, prepared.counts)
+    return prepared
 
 
 def _checked_ids(engine: EmbeddingClient, items: Sequence[list[int]]) -> list[list[int]]:
     vocab = engine.vocab_size
     for index, ids in enumerate(items):
         array = np.asarray(ids, dtype=np.int64)
-        if array.min() < 0 or array.max() >= vocab:
+        if vocab is not None and (array.min() < 0 or array.max() >= vocab):
             bad = int(array[(array < 0) | (array >= vocab)][0])
             raise _input_error(
                 f"input[{index}] has token id {bad}, which is not in this model's vocabulary "
@@ -218,20 +225,29 @@ def _checked_ids(engine: EmbeddingClient, items: Sequence[list[int]]) -> list[li
     return list(items)
 
 
-def _check_lengths(engine: EmbeddingClient, lists: Sequence[Sequence[int]]) -> None:
+def _check_lengths(engine: EmbeddingClient, counts: Sequence[int]) -> None:
     limit = engine.context_length
-    for index, tokens in enumerate(lists):
-        if len(tokens) > limit:
+    for index, count in enumerate(counts):
+        if count > limit:
             raise _input_error(
-                f"input[{index}] has {len(tokens)} tokens; this model's maximum input length "
+                f"input[{index}] has {count} tokens; this model's maximum input length "
                 f"is {limit} tokens. Please reduce the length of the input.",
                 "context_length_exceeded",
             )
-    total = sum(len(tokens) for tokens in lists)
+    total = sum(counts)
     if total > MAX_REQUEST_TOKENS:
         raise _input_error(
             f"Requested {total} tokens, max {MAX_REQUEST_TOKENS} tokens per request.",
             "max_tokens_per_request",
+        )
+
+
+def _check_dimensions(asked: int, width: int) -> None:
+    if asked > width:
+        raise invalid_request(
+            f"dimensions is {asked}, more than this model's {width}.",
+            "dimensions",
+            "invalid_value",
         )
 
 

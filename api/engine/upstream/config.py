@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 # Where neither the models file nor the upstream says how long a context is: the upstream
 # refuses a longer prompt itself (its 400 reaches the client), so this only caps holds.
 DEFAULT_CONTEXT_LENGTH = 32768
+# Inputs in one upstream embedding request where the models file sets no `batch_size`:
+# text-embeddings-inference's default `--max-client-batch-size`.
+DEFAULT_EMBEDDING_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -29,3 +33,6 @@ class UpstreamConfig:
     # The upstreams serve Anthropic's `/v1/messages` too: Messages requests go there as sent
     # (`messages_wire.py`) instead of being translated to chat completions.
     messages_api: bool = False
+    kind: Literal["chat", "embedding"] = "chat"  # "embedding": served at /v1/embeddings
+    dimensions: int | None = None  # an embedding model's width; None: learned from its answers
+    batch_size: int = DEFAULT_EMBEDDING_BATCH  # inputs per upstream embedding request

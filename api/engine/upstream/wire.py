@@ -6,11 +6,13 @@ Plain dicts on purpose: upstreams add fields of their own (vLLM's `max_model_len
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic_core import from_json
 
 from api.engine.protocol import (
@@ -213,3 +215,48 @@ def error_fields(document: Any) -> tuple[str | None, str | None]:
         param if isinstance(param, str) else None,
         code if isinstance(code, str) else None,
     )
+
+
+# -- embeddings ----------------------------------------------------------------------------------
+
+
+def embeddings_body(model: str, inputs: Sequence[str] | Sequence[Sequence[int]]) -> dict[str, Any]:
+    """One upstream embeddings request: texts as texts (llama-cpp-python takes no token ids),
+    token ids as ids, vectors asked for as floats (what every server speaks); `dimensions` is
+    applied by the caller, not sent (TEI and most models have no use for it)."""
+    return {
+        "model": model,
+        "input": [text if isinstance(text, str) else list(text) for text in inputs],
+        "encoding_format": "float",
+    }
+
+
+def parse_embeddings(document: Any, count: int) -> tuple[np.ndarray, int | None]:
+    """An embeddings answer's `count` vectors in input order (floats, or base64 of little-endian
+    float32 where a server sends that anyway) and its `usage.prompt_tokens` where it reports a
+    positive one. ValueError for an answer of another shape."""
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list) or len(data) != count:
+        raise ValueError(f"an embeddings answer without {count} vectors")
+    rows: dict[int, np.ndarray] = {}
+    for position, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise ValueError("an embeddings answer whose data are not objects")
+        index, raw = item.get("index", position), item.get("embedding")
+        if not isinstance(index, int) or not 0 <= index < count or index in rows:
+            raise ValueError("an embeddings answer with a wrong or repeated index")
+        if isinstance(raw, str):
+            rows[index] = np.frombuffer(base64.b64decode(raw), dtype="<f4")
+        elif isinstance(raw, list):
+            rows[index] = np.asarray(raw, dtype=np.float32)  # a token's vectors fail below
+        else:
+            raise ValueError("an embeddings answer with a vector that is not one")
+    ordered = [rows[index] for index in range(count)]
+    width = ordered[0].size
+    if not width or any(row.ndim != 1 or row.size != width for row in ordered):
+        raise ValueError("an embeddings answer whose vectors are not one width")
+    usage = document.get("usage")
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return np.stack(ordered).astype(np.float32, copy=False), prompt if isinstance(
+        prompt, int
+    ) and prompt > 0 else None
