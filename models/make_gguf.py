@@ -31,8 +31,11 @@ def make_gguf(
     ffn: int = 176,
     context: int = 2048,
     seed: int = 0,
+    pooling: str | None = None,
 ) -> Path:
-    from gguf import GGUFWriter, TokenType
+    """`pooling` ("mean", "cls", "last"): how an embedding server (`--embedding`) pools the
+    tokens' states; without it llama.cpp gives a llama-shaped model none, one vector a token."""
+    from gguf import GGUFWriter, PoolingType, TokenType
 
     from api.engine.text.tokenizer import TokenizerWrapper
 
@@ -73,6 +76,8 @@ def make_gguf(
     writer.add_eos_token_id(ids[config["eos_token"]])
     writer.add_add_bos_token(False)
     writer.add_chat_template(template)
+    if pooling is not None:
+        writer.add_pooling_type(PoolingType[pooling.upper()])
 
     rng = np.random.default_rng(seed)
     head_dim = hidden // heads

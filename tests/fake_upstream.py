@@ -19,6 +19,11 @@ call's first delta, then its arguments in `ARGUMENT_PIECE`-character fragments, 
 each), finishing "tool_calls"; completion tokens = chunks sent. A conversation ending in a tool
 result is answered "got <its content>", finishing "stop".
 
+`POST /v1/embeddings` answers each input with an 8-wide vector made from its text (`data` in
+reverse order, each with its `index`), in base64 when asked; its usage is the inputs' words
+(`no_usage`: none), and it shares the faults `status_500` and `status_400` (which names
+`input`). `_state` counts these requests in `embeddings` and keeps the last body.
+
 `GET /_state` says how many answers started, are streaming now and were left by their client.
 It checks `Authorization: Bearer $FAKE_UPSTREAM_KEY` when that variable is set.
 """
@@ -27,8 +32,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
 import os
+import struct
 import time
 from typing import Any
 
@@ -38,7 +46,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-STATE: dict[str, Any] = {"mode": "ok", "started": 0, "streaming": 0, "left": 0, "bodies": []}
+STATE: dict[str, Any] = {
+    "mode": "ok",
+    "started": 0,
+    "streaming": 0,
+    "left": 0,
+    "embeddings": 0,
+    "bodies": [],
+}
 OPTIONS: dict[str, Any] = {"delay": 0.01, "cut_after": 3}
 
 
@@ -217,6 +232,36 @@ async def completions(request: Request) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+def text_vector(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [(byte - 128) / 128 for byte in digest[:8]]
+
+
+async def embeddings(request: Request) -> Response:
+    key = os.environ.get("FAKE_UPSTREAM_KEY")
+    if key and request.headers.get("authorization") != f"Bearer {key}":
+        return JSONResponse({"error": {"message": "bad key", "type": "auth"}}, status_code=401)
+    body = await request.json()
+    STATE["bodies"].append(body)
+    STATE["embeddings"] += 1
+    mode = STATE["mode"]
+    if mode == "status_500":
+        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+    if mode == "status_400":
+        error = {"message": "input is too long for this upstream", "param": "input", "code": "long"}
+        return JSONResponse({"error": error | {"type": "invalid_request_error"}}, status_code=400)
+    texts = [text if isinstance(text, str) else str(text) for text in body["input"]]
+    rows: list[Any] = [text_vector(text) for text in texts]
+    if body.get("encoding_format") == "base64":
+        rows = [base64.b64encode(struct.pack("<8f", *row)).decode() for row in rows]
+    data = [{"object": "embedding", "embedding": row, "index": i} for i, row in enumerate(rows)]
+    answer: dict[str, Any] = {"object": "list", "data": data[::-1], "model": body["model"]}
+    if mode != "no_usage":
+        words = sum(len(text.split()) for text in texts)
+        answer["usage"] = {"prompt_tokens": words, "total_tokens": words}
+    return JSONResponse(answer)
+
+
 async def models(request: Request) -> Response:
     return JSONResponse(
         {
@@ -249,6 +294,7 @@ async def state(request: Request) -> Response:
 app = Starlette(
     routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", models),
         Route("/_mode", mode, methods=["POST"]),
         Route("/_state", state),

@@ -56,7 +56,7 @@ def test_the_documented_example_reads_as_written(tmp_path, monkeypatch):
     [
         ("README.md", [["demo", "llama-70b"]]),
         ("docs/upstreams.md", [["demo", "llama-70b"], ["tiny"]]),
-        ("docs/embeddings.md", [["embed"]]),
+        ("docs/embeddings.md", [["embed"], ["bge-m3", "qwen3-embed", "nomic"]]),
     ],
 )
 def test_the_models_files_in_the_docs_work_as_printed(tmp_path, monkeypatch, doc, models):
@@ -66,6 +66,25 @@ def test_the_models_files_in_the_docs_work_as_printed(tmp_path, monkeypatch, doc
     blocks = [part.split("```")[0] for part in text.split("```toml\n")[1:]]
     names = [[m.name for m in read_models_file(write(tmp_path, block))] for block in blocks]
     assert names == models
+
+
+def test_an_upstream_embedding_model_reads_with_its_own_fields(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEI_API_KEY", "sk-tei-secret")
+    monkeypatch.chdir(ROOT)
+    chat, embed = read_models_file(
+        write(
+            tmp_path,
+            '[[model]]\nname = "chat"\nupstreams = ["http://a/v1"]\n'
+            '[[model]]\nname = "embed"\nkind = "embedding"\nupstreams = ["http://tei:8080/v1"]\n'
+            'api_key_env = "TEI_API_KEY"\ntokenizer = "models/demo-embed"\n'
+            "context_length = 512\ndimensions = 64\nbatch_size = 16\n",
+        )
+    )
+    assert isinstance(chat, UpstreamConfig) and chat.kind == "chat" and chat.batch_size == 32
+    assert isinstance(embed, UpstreamConfig) and embed.kind == "embedding"
+    assert (embed.context_length, embed.dimensions, embed.batch_size) == (512, 64, 16)
+    assert embed.tokenizer == Path("models/demo-embed")
+    assert "sk-tei-secret" not in repr(embed)
 
 
 def test_upstream_model_defaults_to_the_name(tmp_path):
@@ -125,6 +144,30 @@ def test_upstream_model_defaults_to_the_name(tmp_path):
             "model 'm': truncate applies only with path",
         ),
         ('upstreams = ["http://a/v1"]', "model #1: name must be a non-empty string"),
+        (
+            'name = "m"\nupstreams = ["http://a/v1"]\nkind = "rerank"',
+            'model \'m\': kind must be "chat" or "embedding"',
+        ),
+        (
+            'name = "m"\nupstreams = ["http://a/v1"]\ndimensions = 64',
+            "model 'm': dimensions applies only with kind = \"embedding\"",
+        ),
+        (
+            'name = "m"\nupstreams = ["http://a/v1"]\nkind = "embedding"\ndimensions = 0',
+            "model 'm': dimensions must be a whole number above 0",
+        ),
+        (
+            'name = "m"\nupstreams = ["http://a/v1"]\nkind = "embedding"\nbatch_size = 2.5',
+            "model 'm': batch_size must be a whole number above 0",
+        ),
+        (
+            'name = "m"\nupstreams = ["http://a/v1"]\nkind = "embedding"\nmessages_api = true',
+            "model 'm': messages_api applies only to chat models",
+        ),
+        (
+            'name = "m"\npath = "models/demo-embed"\nkind = "embedding"',
+            "model 'm': kind applies only with upstreams",
+        ),
     ],
 )
 def test_a_mistake_names_the_model_and_the_field(tmp_path, table, message):

@@ -20,16 +20,16 @@ from tests.faults import poll
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_gguf(out: Path) -> Path:
+def make_gguf(out: Path, **options: Any) -> Path:
     """A tiny random-weight GGUF with the demo tokenizer (`models/make_gguf.py`, a script:
-    loaded by path)."""
+    loaded by path); `options` go to it (`pooling="mean"` for an embedding server)."""
     spec = importlib.util.spec_from_file_location(
         "tokenshop_make_gguf", ROOT / "models" / "make_gguf.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.make_gguf(out)
+    return module.make_gguf(out, **options)
 
 
 class UpstreamProcess:
