@@ -78,7 +78,7 @@ class ApiSettings(BillingSettings):
     engine_speculative_tokens: int = Field(default=4, ge=0, le=16)
     # An embedding batch's rows times its longest row (api/engine/embedding/batcher.py): inputs
     # of every request are packed under it; one input past it runs alone.
-    embedding_batch_tokens: int = Field(default=16384, ge=512)
+    embedding_batch_tokens: int = Field(default=1024, ge=256)
     # Upstream OpenAI-compatible servers of the models file (api/engine/upstream/): how often
     # each is health-checked, how long a connection may take, how long the first token may take
     # before the request fails over to the next upstream, and the longest gap between tokens.

@@ -41,7 +41,7 @@ class EngineConfig:
     ops_missing: str | None = None  # why ops_library is None, for each model's serving path
     kv_cache_dtype: KvCacheDtype = "auto"  # the KV cache's element type (protocol.KvCacheDtype)
     speculative_tokens: int = 4  # drafts a decode step may verify per sequence (0: none)
-    embedding_batch_tokens: int = 16384  # an embedding batch's rows x longest row
+    embedding_batch_tokens: int = 1024  # an embedding batch's rows x longest row
 
     @property
     def limits(self) -> SchedulerLimits:
