@@ -70,8 +70,10 @@ class Metrics:
             registry=self.registry,
         )
         self.books = _BooksCollector()
+        embedders = {} if embedders is None else embedders
         self.registry.register(_EngineCollector(engines))
-        self.registry.register(_UpstreamCollector(engines, {} if embedders is None else embedders))
+        self.registry.register(_EmbeddingCollector(embedders))
+        self.registry.register(_UpstreamCollector(engines, embedders))
         self.registry.register(self.books)
 
     async def read_books(self, db: Engine) -> None:
@@ -184,6 +186,41 @@ class _EngineCollector(Collector):
                 path_info.add_metric(labels, 1)
                 fallbacks.add_metric([name], len(path.fallbacks))
         yield from (active, queued, batch, path_info, fallbacks, drafts, accepted)
+
+
+class _EmbeddingCollector(Collector):
+    """Each embedding model's batches: what waits, and what ran (padding apart, so a dashboard
+    shows the share of the work that was padding; an upstream's batches are its requests)."""
+
+    def __init__(self, embedders: Mapping[str, EmbeddingClient]) -> None:
+        self.embedders = embedders
+
+    def collect(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily(
+            "tokenshop_embedding_queued_inputs", "Inputs waiting for a batch.", labels=["model"]
+        )
+        batches = CounterMetricFamily(
+            "tokenshop_embedding_batches", "Embedding batches run.", labels=["model"]
+        )
+        inputs = CounterMetricFamily(
+            "tokenshop_embedding_inputs", "Inputs embedded.", labels=["model"]
+        )
+        tokens = CounterMetricFamily(
+            "tokenshop_embedding_tokens", "Tokens embedded, padding excluded.", labels=["model"]
+        )
+        padded = CounterMetricFamily(
+            "tokenshop_embedding_padded_tokens",
+            "Tokens the model ran, padding included.",
+            labels=["model"],
+        )
+        for name, embedder in self.embedders.items():
+            stats = embedder.stats()
+            queued.add_metric([name], stats.queued_inputs)
+            batches.add_metric([name], stats.batches)
+            inputs.add_metric([name], stats.inputs)
+            tokens.add_metric([name], stats.tokens)
+            padded.add_metric([name], stats.padded_tokens)
+        yield from (queued, batches, inputs, tokens, padded)
 
 
 class _UpstreamCollector(Collector):

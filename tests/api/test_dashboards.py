@@ -1,6 +1,6 @@
 """The Grafana dashboard and the Prometheus alert rules in deploy/ query only metrics that
-/metrics exposes once the service has served: a local model, an upstream model with one server
-up and one refusing connections, and a scrape."""
+/metrics exposes once the service has served: a local model, an embedding model, an upstream
+model with one server up and one refusing connections, and a scrape."""
 
 from __future__ import annotations
 
@@ -66,12 +66,14 @@ def test_every_metric_the_dashboard_and_alerts_query_is_exposed(
     models = tmp_path / "models.toml"
     models.write_text(
         f'[[model]]\nname = "demo"\npath = "{DEMO_MODEL}"\n\n'
+        f'[[model]]\nname = "embed"\npath = "{ROOT / "models" / "demo-embed"}"\n\n'
         + models_toml("big", [refused, upstream.base_url], upstream_model="fake")
     )
     server = start_server(models_file=str(models), upstream_health_seconds=3600)
     with openai.OpenAI(base_url=server.base_url, api_key=api_key, max_retries=0) as client:
         for model in ("demo", "big"):
             client.chat.completions.create(model=model, messages=HELLO, max_tokens=4)
+        client.embeddings.create(model="embed", input=["hello there", "a second text"])
     text = httpx.get(f"http://127.0.0.1:{server.port}/metrics").text
     available = exposed(text)
 
@@ -83,5 +85,6 @@ def test_every_metric_the_dashboard_and_alerts_query_is_exposed(
         "tokenshop_request_duration_seconds_bucket",
         "tokenshop_upstream_errors_total",
         "tokenshop_time_to_first_token_seconds_bucket",
+        "tokenshop_embedding_padded_tokens_total",
     } <= queried
     assert queried - available == set()

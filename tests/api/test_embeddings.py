@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlmodel import select
 from tokenizers import Tokenizer
 
@@ -206,6 +207,29 @@ def test_billing_equals_usage_at_the_model_price(
     with session_scope(engine) as check:
         balance = ledger.get_balance(session=check, account_id=account.id)
         assert balance.held == 0 and balance.balance == 10_000 + entry.amount
+
+
+def test_metrics_show_what_each_embedding_model_ran(start_server, make_client, make_funded_key):
+    """An operator's dashboard reads the embedding batches per model: the tokens embedded
+    equal the usage billed, and the padding the batches ran is counted apart."""
+    server = start_server(models=f"embed={DEMO_EMBED}")
+    client = make_client(server, make_funded_key(100_000))
+    usage = sum(
+        client.embeddings.create(model="embed", input=TEXTS[: 1 + n]).usage.prompt_tokens
+        for n in range(4)
+    )
+    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics").text
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("tokenshop_embedding_") and sample.labels == {"model": "embed"}
+    }
+    assert samples["tokenshop_embedding_tokens_total"] == usage
+    assert samples["tokenshop_embedding_inputs_total"] == 1 + 2 + 3 + 4
+    assert samples["tokenshop_embedding_padded_tokens_total"] >= usage
+    assert 4 <= samples["tokenshop_embedding_batches_total"] <= 10
+    assert samples["tokenshop_embedding_queued_inputs"] == 0
 
 
 def test_concurrent_requests_never_spend_more_than_the_balance(
