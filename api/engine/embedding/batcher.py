@@ -35,7 +35,7 @@ class BatchLimits:
     # rows x longest row of one batch (an input past it runs alone). Small batches run faster
     # a token on a CPU: a batch's activations and attention scores stay in cache. bge-small on
     # 2 cores, 128 texts of 16-512 tokens: 2,500 tok/s at 16,384, 3,300 at 1,024 (float32);
-    # 4,500 and 6,300 (int8). bench/results/2026-11-28-embeddings-batching.md
+    # 4,500 and 6,300 (int8): bench/results/2026-11-28-embeddings-batching-2cpu-f2e450a.md
     batch_tokens: int = 1024
     max_batch_inputs: int = 256  # rows of one batch
     max_queued_inputs: int = 65536  # inputs waiting; more raise EngineOverloaded
