@@ -1,5 +1,5 @@
-"""Our float32 vectors are sentence-transformers' (torch) for random-weight BERT, XLM-RoBERTa
-and a Qwen3-shaped last-token decoder: each input alone, and 64 requests of mixed lengths at
+"""Our float32 vectors are sentence-transformers' (torch) for random-weight BERT, XLM-RoBERTa,
+ModernBERT (global and sliding-window layers) and a Qwen3-shaped last-token decoder: each input alone, and 64 requests of mixed lengths at
 once, packed into shared batches by the batcher. int8 exports stay close to float32."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from api.engine.export.embedding import export_embedding
 from tests.engine.embedding.conftest import EmbeddingExport, load_make_demo_embed
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
-ARCHS = ["bert", "xlm-roberta", "qwen3"]
+ARCHS = ["bert", "xlm-roberta", "modernbert", "qwen3"]
 EXACT = 0.99999
 
 
