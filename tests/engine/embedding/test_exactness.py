@@ -1,6 +1,7 @@
 """Our float32 vectors are sentence-transformers' (torch) for random-weight BERT, XLM-RoBERTa,
-ModernBERT (global and sliding-window layers) and a Qwen3-shaped last-token decoder: each input alone, and 64 requests of mixed lengths at
-once, packed into shared batches by the batcher. int8 exports stay close to float32."""
+ModernBERT (global and sliding-window layers) and a Qwen3-shaped last-token decoder: each input
+alone, and 64 requests of mixed lengths at once, packed into shared batches by the batcher. int8
+exports stay close to float32."""
 
 from __future__ import annotations
 
