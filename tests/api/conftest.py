@@ -151,3 +151,21 @@ async def async_client(server: LiveServer, api_key: str):
         base_url=server.base_url, api_key=api_key, max_retries=0
     ) as client:
         yield client
+
+
+@pytest.fixture
+def fakes() -> Iterator[Callable[..., Any]]:
+    """`fakes(**options)`: a fault-injecting upstream (`tests/fake_upstream.py`), started and
+    ready; each is stopped after the test."""
+    from tests.api.upstreams import FakeUpstream  # it imports this module: imported late
+
+    started: list[FakeUpstream] = []
+
+    def start(**options: Any) -> FakeUpstream:
+        upstream = FakeUpstream(**options)
+        started.append(upstream)
+        return upstream.wait_ready()
+
+    yield start
+    for upstream in started:
+        upstream.stop()

@@ -5,7 +5,6 @@ refusals reach the client in OpenAI's shape, and an upstream that is down costs 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from sqlmodel import select
 from billing import ledger
 from billing.db import session_scope
 from billing.models import LedgerEntry
-from tests.api.conftest import DEMO_MODEL, free_port
-from tests.api.upstreams import UpstreamProcess, make_gguf, models_toml
+from tests.api.conftest import DEMO_MODEL
+from tests.api.upstreams import UpstreamProcess, llama_cpp_server, make_gguf, models_toml
 from tests.factories import make_account, make_key
 
 pytestmark = pytest.mark.slow
@@ -46,31 +45,7 @@ def llama(gguf: Path) -> Iterator[UpstreamProcess]:
 
 
 def embedding_server(gguf: Path) -> UpstreamProcess:
-    port = free_port()
-    return UpstreamProcess(
-        [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(gguf),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--embedding",
-            "true",
-            "--n_ctx",
-            "2048",
-            "--n_threads",
-            "1",
-            "--n_threads_batch",
-            "1",
-            "--verbose",
-            "False",
-        ],
-        port=port,
-    )
+    return llama_cpp_server(gguf, "--embedding", "true")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -23,25 +22,11 @@ from billing.db import session_scope
 from billing.models import LedgerEntry
 from tests import fake_upstream
 from tests.api.conftest import ROOT, free_port
-from tests.api.upstreams import FakeUpstream, models_toml
+from tests.api.upstreams import models_toml
 from tests.factories import make_account, make_key
 
 TEXTS = ["one two three", "four", "five six", "seven eight nine ten", "eleven"]
 WORDS = 11  # the fake upstream's usage of TEXTS
-
-
-@pytest.fixture
-def fakes() -> Iterator[Callable[..., FakeUpstream]]:
-    started: list[FakeUpstream] = []
-
-    def start(**options: Any) -> FakeUpstream:
-        upstream = FakeUpstream(**options)
-        started.append(upstream)
-        return upstream.wait_ready()
-
-    yield start
-    for upstream in started:
-        upstream.stop()
 
 
 @pytest.fixture

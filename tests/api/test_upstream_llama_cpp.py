@@ -4,7 +4,6 @@ usage and its non-streamed answers do, so both ways of billing meet a real serve
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +19,8 @@ from api.engine.protocol import ChatMessage
 from api.engine.text.tokenizer import TokenizerWrapper
 from billing.db import session_scope
 from billing.models import Hold, LedgerEntry
-from tests.api.conftest import DEMO_MODEL, free_port
-from tests.api.upstreams import UpstreamProcess, make_gguf, models_toml
+from tests.api.conftest import DEMO_MODEL
+from tests.api.upstreams import UpstreamProcess, llama_cpp_server, make_gguf, models_toml
 from tests.faults import poll
 
 pytestmark = pytest.mark.slow
@@ -47,32 +46,7 @@ def llama_chatml(gguf: Path) -> Iterator[UpstreamProcess]:
 
 
 def serve_gguf(gguf: Path, *options: str) -> Iterator[UpstreamProcess]:
-    port = free_port()
-    server = UpstreamProcess(
-        [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(gguf),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--n_ctx",
-            "2048",
-            "--n_threads",
-            "1",
-            "--n_threads_batch",
-            "1",
-            "--interrupt_requests",
-            "False",
-            "--verbose",
-            "False",
-            *options,
-        ],
-        port=port,
-    )
+    server = llama_cpp_server(gguf, "--interrupt_requests", "False", *options)
     try:
         yield server.wait_ready(within=120)
     finally:

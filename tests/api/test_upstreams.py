@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -30,27 +30,13 @@ from billing.locks import lock_accounts
 from billing.models import Hold, LedgerEntry
 from tests import fake_upstream
 from tests.api.conftest import DEMO_MODEL, free_port
-from tests.api.upstreams import FakeUpstream, models_toml
+from tests.api.upstreams import models_toml
 from tests.conftest import TEST_SECRET_KEY
 from tests.faults import poll
 
 HELLO = [{"role": "user", "content": "hello there"}]
 UPSTREAM_PROMPT = 2 + 4  # the fake upstream's count of HELLO: two words, four a message
 WORDS = " ".join(f"w{i}" for i in range(8))
-
-
-@pytest.fixture
-def fakes() -> Iterator[Callable[..., FakeUpstream]]:
-    started: list[FakeUpstream] = []
-
-    def start(**options: Any) -> FakeUpstream:
-        upstream = FakeUpstream(**options)
-        started.append(upstream)
-        return upstream.wait_ready()
-
-    yield start
-    for upstream in started:
-        upstream.stop()
 
 
 @pytest.fixture

@@ -32,6 +32,16 @@ def make_gguf(out: Path, **options: Any) -> Path:
     return module.make_gguf(out, **options)
 
 
+def llama_cpp_server(gguf: Path, *options: str) -> UpstreamProcess:
+    """llama-cpp-python's OpenAI-compatible server for `gguf` on a free loopback port, one
+    thread, a 2,048-token context; `options` are its own flags (`--embedding`, `true`)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
+    argv += ["--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False", *options]
+    return UpstreamProcess(argv, port=port)
+
+
 class UpstreamProcess:
     """A server process on a loopback port; `kill()` is SIGKILL, so connections just drop."""
 
