@@ -27,7 +27,7 @@ from api.engine.protocol import GenerationOutput, GenerationRequest
 from billing import keys
 from billing.models import Hold, LedgerEntry, StoredResponse
 from tests.api.conftest import DEMO_MODEL
-from tests.api.test_upstreams import fakes, serve  # noqa: F401 (fixtures)
+from tests.api.test_upstreams import serve  # noqa: F401 (a fixture)
 from tests.faults import DelegatingEngine, GatedEngine, demo_engine, poll
 
 WEATHER_PARAMETERS: dict[str, Any] = {
