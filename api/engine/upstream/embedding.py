@@ -84,20 +84,15 @@ class UpstreamEmbeddingEngine(UpstreamServers, EmbeddingClient):
                 )
             return vectors, held if reported is None else min(reported, held)
 
-        if len(starts) == 1:
-            results = [await one(0)]
-        else:
-            tasks = [asyncio.ensure_future(one(start)) for start in starts]
-            try:
-                results = await asyncio.gather(*tasks)
-            except BaseException:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-        vectors = (
-            np.concatenate([part for part, _ in results]) if len(results) > 1 else results[0][0]
-        )
+        tasks = [asyncio.ensure_future(one(start)) for start in starts]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        vectors = np.concatenate([part for part, _ in results])
         billed = sum(tokens for _, tokens in results)
         self._learn_width(vectors.shape[1])
         self._batches += len(results)

@@ -257,6 +257,5 @@ def parse_embeddings(document: Any, count: int) -> tuple[np.ndarray, int | None]
         raise ValueError("an embeddings answer whose vectors are not one width")
     usage = document.get("usage")
     prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return np.stack(ordered).astype(np.float32, copy=False), prompt if isinstance(
-        prompt, int
-    ) and prompt > 0 else None
+    reported = prompt if isinstance(prompt, int) and prompt > 0 else None
+    return np.stack(ordered).astype(np.float32, copy=False), reported
