@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
-from sqlmodel import select
+from sqlmodel import col, select
 
 from billing import ledger
 from billing.db import session_scope
@@ -77,7 +77,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def usage_entries(engine) -> list[LedgerEntry]:
     with session_scope(engine) as session:
-        return list(session.exec(select(LedgerEntry).where(LedgerEntry.kind == "usage")).all())
+        query = select(LedgerEntry).where(LedgerEntry.kind == "usage").order_by(col(LedgerEntry.id))
+        return list(session.exec(query).all())
 
 
 def test_the_vectors_are_the_upstreams_own_and_base64_agrees(direct, through):
