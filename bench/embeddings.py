@@ -103,7 +103,6 @@ def build(shape: str) -> Built:
     base = OUT / f"embeddings-{shape}"
     source, ours, ours_int8, st_dir = (base / n for n in ("source", "ours", "ours-int8", "st"))
     target = int8_target()
-    st_int8_file = f"onnx/model_qint8_{target}.onnx"
     if not (source / "modules.json").exists():
         print(f"building {shape} (random weights)", file=sys.stderr)
         mde = make_demo_embed()
@@ -122,7 +121,9 @@ def build(shape: str) -> Built:
         if not (out / "model.onnx").exists():
             print(f"exporting {out.name}", file=sys.stderr)
             export_embedding(str(source), out, quantize)
-    if not (st_dir / st_int8_file).exists():
+    # sentence-transformers names the file by its weights' type: qint8 for avx512_vnni,
+    # quint8 for avx2
+    if not (existing := sorted(st_dir.glob(f"onnx/model_q*int8_{target}.onnx"))):
         from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
         print("exporting sentence-transformers' ONNX and int8", file=sys.stderr)
@@ -131,6 +132,8 @@ def build(shape: str) -> Built:
             model = SentenceTransformer(str(source), backend="onnx", device="cpu")
             model.save_pretrained(str(st_dir))
             export_dynamic_quantized_onnx_model(model, target, str(st_dir))
+        existing = sorted(st_dir.glob(f"onnx/model_q*int8_{target}.onnx"))
+    st_int8_file = str(existing[0].relative_to(st_dir))
     return Built(
         shape,
         source,
