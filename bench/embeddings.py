@@ -13,11 +13,12 @@ with the demo embedding tokenizer (`models/make_demo_embed.py`; its 2,048 ids in
   (`export_dynamic_quantized_onnx_model`, the CPU's best of avx512_vnni / avx2), `encode`
   at its default batch size (32; it sorts by length itself), intra-op threads = --threads;
 - fastembed: the same ONNX files through `TextEmbedding.add_custom_model` (a local dir as
-  `specific_model_path`), `embed` at its default batch size (256), `threads` = --threads.
+  `specific_model_path`), `embed` at --fastembed-batch (32; its default 256 held 23 GB at
+  bge-base's shape), `threads` = --threads.
 
 Texts have 16-512 tokens (uniform, seeded). Rounds interleave the engines; tokens/s is the
 median round's. Also: the p50 latency of one short input (ours over HTTP, the peers in
-process), int8 against float32 cosine (ours), and each figure as a fraction of this CPU's
+process, timed in turns: `short_latencies`), int8 against float32 cosine (ours), and each figure as a fraction of this CPU's
 float32 matrix-multiply peak (numpy's sgemm at --threads, measured here).
 
     .venv/bin/python bench/embeddings.py [--shapes bge-small,bge-base] [--clients 32]
@@ -40,6 +41,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -237,15 +239,9 @@ def ours_vectors(base_url: str, key: str, model: str, texts: list[str]) -> np.nd
     return np.array([np.frombuffer(row, dtype="<f4") for row in rows])
 
 
-def ours_latency(base_url: str, key: str, model: str, repeats: int) -> list[float]:
-    times = []
-    with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
-        for _ in range(repeats + 3):
-            start = time.perf_counter()
-            body = {"model": model, "input": SHORT, "encoding_format": "base64"}
-            client.post(f"{base_url}/embeddings", json=body).raise_for_status()
-            times.append(time.perf_counter() - start)
-    return times[3:]
+def ours_short(client: httpx.Client, base_url: str, model: str) -> Callable[[], Any]:
+    body = {"model": model, "input": SHORT, "encoding_format": "base64"}
+    return lambda: client.post(f"{base_url}/embeddings", json=body).raise_for_status()
 
 
 def st_model(built: Built, int8: bool, threads: int) -> Any:
@@ -289,13 +285,22 @@ def in_process(encode: Callable[[list[str]], Any], texts: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def process_latency(encode: Callable[[list[str]], Any], repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats + 3):
-        start = time.perf_counter()
-        encode([SHORT])
-        times.append(time.perf_counter() - start)
-    return times[3:]
+def short_latencies(
+    calls: dict[tuple[str, str], Callable[[], Any]], repeats: int, block: int = 10
+) -> dict[tuple[str, str], list[float]]:
+    """Each engine's time for one short input, `repeats` times, in blocks of `block` calls that
+    take turns (each block after one untimed call): every engine keeps its own weights in cache
+    within a block, as in a loop of its own, while the host's drift over the minutes this takes
+    falls on all of them alike rather than on whichever ran last."""
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
+    while any(len(t) < repeats for t in times.values()):
+        for key, call in calls.items():
+            call()
+            for _ in range(min(block, repeats - len(times[key]))):
+                start = time.perf_counter()
+                call()
+                times[key].append(time.perf_counter() - start)
+    return times
 
 
 # --- one shape -----------------------------------------------------------------------------
@@ -346,13 +351,17 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     seconds = in_process(peers[arm_key], texts)
                 arms[arm_key].rates.append(tokens / seconds)
-        for precision, model in (("float32", "f32"), ("int8", "int8")):
-            arms[("ours (HTTP)", precision)].latency = ours_latency(url, key, model, args.single)
+        with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+            calls = {
+                ("ours (HTTP)", "float32"): ours_short(client, url, "f32"),
+                ("ours (HTTP)", "int8"): ours_short(client, url, "int8"),
+            }
+            calls.update({k: partial(encode, [SHORT]) for k, encode in peers.items()})
+            for arm_key, times in short_latencies(calls, args.single).items():
+                arms[arm_key].latency = times
         sample = texts[:64]
         ours32 = ours_vectors(url, key, "f32", sample)
         ours8 = ours_vectors(url, key, "int8", sample)
-    for key_, encode in peers.items():
-        arms[key_].latency = process_latency(encode, args.single)
     reference = st32.encode(sample, batch_size=32)
     return {
         "shape": shape,
@@ -459,7 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--texts", type=int, default=16, help="texts a client's request")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--single", type=int, default=30, help="short-input requests timed")
+    parser.add_argument(
+        "--single", type=int, default=30, help="short-input calls timed, per engine"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, help="write the results file here too")
     parser.add_argument(
