@@ -18,8 +18,9 @@ with the demo embedding tokenizer (`models/make_demo_embed.py`; its 2,048 ids in
 
 Texts have 16-512 tokens (uniform, seeded). Rounds interleave the engines; tokens/s is the
 median round's. Also: the p50 latency of one short input (ours over HTTP, the peers in
-process, timed in turns: `short_latencies`), int8 against float32 cosine (ours), and each figure as a fraction of this CPU's
-float32 matrix-multiply peak (numpy's sgemm at --threads, measured here).
+process, timed in turns: `short_latencies`), int8 against float32 cosine (ours), and each
+figure as a fraction of this CPU's float32 matrix-multiply peak (numpy's sgemm at --threads,
+measured here).
 
     .venv/bin/python bench/embeddings.py [--shapes bge-small,bge-base] [--clients 32]
         [--texts 16] [--rounds 3] [--threads N] [--out bench/results/DATE-embeddings-HOST.md]
