@@ -104,7 +104,7 @@ def test_a_daily_limit_starts_again_at_midnight_utc(limited, make_client, engine
     client = make_client(limited, key)
     first = client.chat.completions.create(model="demo", messages=HELLO, max_tokens=8)
     spent = first.usage.total_tokens
-    limit_key(engine, account_id, key_id, f"spend {spent} daily")  # all of today's is spent
+    limit_key(engine, account_id, key_id, f"spend {spent} daily", clock.now)  # all spent
     with pytest.raises(openai.RateLimitError) as refused:
         client.chat.completions.create(model="demo", messages=HELLO, max_tokens=8)
     assert refused.value.code == "insufficient_quota"

@@ -5,7 +5,8 @@ optimum-onnx's `feature-extraction` export gives the transformer's `last_hidden_
 pooling and normalization stay sentence-transformers' own files (`modules.json`,
 `1_Pooling/config.json`, `sentence_bert_config.json`), copied beside the graph, where the engine
 reads them (`api/engine/embedding/pooling.py`). `--quantize int8` applies ONNX Runtime's dynamic
-int8 quantization to every MatMul. The export ends by loading the result with the engine and
+int8 quantization to every MatMul, with 7-bit weights scaled per column so that CPUs without
+VNNI run it without overflow (`api/engine/export/quantize.py`). The export ends by loading the result with the engine and
 embedding a sentence, so a dir that cannot be served is found here.
 """
 
@@ -64,7 +65,7 @@ def export_embedding(
     _copy_sentence_files(root, transformer, out)
     if quantize == "int8":
         say("quantizing weights to int8 (ONNX Runtime dynamic quantization)")
-        quantize_int8(out)
+        quantize_int8(out, any_cpu=True)  # an export is served on any CPU, VNNI or not
     say("checking the export with the embedding engine")
     dimensions = check_embedding_export(out)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

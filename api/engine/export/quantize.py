@@ -47,15 +47,16 @@ class Int4Config:
     head_dynamic: bool = True
 
 
-def quantize_int8(out: Path, *, source: Path | None = None) -> None:
+def quantize_int8(out: Path, *, source: Path | None = None, any_cpu: bool = False) -> None:
     """ONNX Runtime dynamic int8 quantization of every MatMul weight, the head included.
 
-    The graph is read from `source` (default: `out`) and written to `out`."""
+    The graph is read from `source` (default: `out`) and written to `out`. `any_cpu`: weights
+    that ONNX Runtime's `MatMulInteger` runs exactly on CPUs without VNNI too (below)."""
     model = untie_head(_load(source or out))
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         _save(model, Path(tmp))
         del model  # the quantizer loads the graph again from the file
-        _quantize_dynamic(Path(tmp), out)
+        _quantize_dynamic(Path(tmp), out, any_cpu=any_cpu)
 
 
 def quantize_int4(
@@ -80,10 +81,20 @@ def quantize_int4(
             _replace_graph(out, Path(tmp))
 
 
-def _quantize_dynamic(source: Path, out: Path, *, nodes: list[str] | None = None) -> None:
+def _quantize_dynamic(
+    source: Path, out: Path, *, nodes: list[str] | None = None, any_cpu: bool = False
+) -> None:
     """ONNX Runtime's dynamic int8 quantization of `nodes` (default: every MatMul) of the graph
     saved in dir `source`, written to `out`. The quantizer reads and writes files, so callers
-    save their graph and drop it first: an int4 graph in memory is as large as its file."""
+    save their graph and drop it first: an int4 graph in memory is as large as its file.
+
+    `any_cpu` keeps weights within 7 bits, each output column with its own scale. On an x86 CPU
+    without VNNI, ONNX Runtime's uint8 x int8 kernel adds pairs of products in 16 bits
+    (`vpmaddubsw`), which saturate when activations and weights are both large (ONNX Runtime's
+    quantization docs); 7-bit weights cannot (255 x 64 x 2 < 32,768), and a scale per column
+    wins back the bit. On an AVX2 host without VNNI, ModernBERT int8 fell to cosine 0.83 of
+    float32 with 8-bit weights; 7-bit ones with one scale a matrix left a Qwen3-shaped decoder
+    at 0.9895 (`tests/engine/embedding/test_exactness.py`, target 0.99)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory(dir=out) as tmp:
@@ -92,6 +103,8 @@ def _quantize_dynamic(source: Path, out: Path, *, nodes: list[str] | None = None
             Path(tmp) / MODEL_FILE,
             weight_type=QuantType.QInt8,
             nodes_to_quantize=nodes,
+            reduce_range=any_cpu,
+            per_channel=any_cpu,
             use_external_data_format=_size(source) > _EXTERNAL_DATA_THRESHOLD * 4,
         )
         _replace_graph(out, Path(tmp))
