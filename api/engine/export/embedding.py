@@ -6,8 +6,8 @@ pooling and normalization stay sentence-transformers' own files (`modules.json`,
 `1_Pooling/config.json`, `sentence_bert_config.json`), copied beside the graph, where the engine
 reads them (`api/engine/embedding/pooling.py`). `--quantize int8` applies ONNX Runtime's dynamic
 int8 quantization to every MatMul, with 7-bit weights scaled per column so that CPUs without
-VNNI run it without overflow (`api/engine/export/quantize.py`). The export ends by loading the result with the engine and
-embedding a sentence, so a dir that cannot be served is found here.
+VNNI run it without overflow (`api/engine/export/quantize.py`). The export ends by loading the
+result with the engine and embedding a sentence, so a dir that cannot be served is found here.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def quantize_int8(out: Path, *, source: Path | None = None, any_cpu: bool = Fals
     """ONNX Runtime dynamic int8 quantization of every MatMul weight, the head included.
 
     The graph is read from `source` (default: `out`) and written to `out`. `any_cpu`: weights
-    that ONNX Runtime's `MatMulInteger` runs exactly on CPUs without VNNI too (below)."""
+    that ONNX Runtime's `MatMulInteger` runs without overflow on CPUs without VNNI too (below)."""
     model = untie_head(_load(source or out))
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         _save(model, Path(tmp))
